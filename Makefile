@@ -1,0 +1,35 @@
+# Two entry points, both self-contained on a fresh machine:
+#   make test         - virtual environment, install with test extras, lint, type-check, all tests
+#   make conformance  - the conformance suite on the default backend (Triton; interpreter on CPU)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test lint typecheck pytest conformance docs clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q
+
+test: lint typecheck pytest
+
+conformance: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m conformance run --backend triton
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site

@@ -1,0 +1,54 @@
+"""An executable specification of PagedAttention and continuous batching.
+
+Read the modules in this order; each builds on the ones before it:
+
+1. :mod:`spec.errors` - what misuse raises; every failed operation changes nothing.
+2. :mod:`spec.block_pool` - physical blocks, a free list, reference counts.
+3. :mod:`spec.prefix_cache` - naming a full block by its chained hash.
+4. :mod:`spec.block_manager` - block tables, growth, fork, copy-on-write, prefix hits.
+5. :mod:`spec.kv_memory` - KV memory in the paged layout; gather through a table.
+6. :mod:`spec.batch` - one step flattened into the metadata kernels consume.
+7. :mod:`spec.attention` - reference paged attention in float64.
+8. :mod:`spec.backend` - the contract any backend implements.
+9. :mod:`spec.kv_budget` - the memory arithmetic behind it all.
+"""
+
+from spec.attention import paged_attention
+from spec.backend import Backend, Capabilities, KVGeometry, ReferenceBackend
+from spec.batch import PAD_BLOCK, BatchMetadata, build_batch
+from spec.block_manager import PAD_SLOT, BlockManager
+from spec.block_pool import BlockPool
+from spec.errors import (
+    CapacityError,
+    DoubleFreeError,
+    DuplicateSequenceError,
+    InvalidRequestError,
+    OutOfBlocksError,
+    SpecError,
+    UnknownBlockError,
+    UnknownSequenceError,
+)
+from spec.kv_memory import KVMemory
+
+__all__ = [
+    "PAD_BLOCK",
+    "PAD_SLOT",
+    "Backend",
+    "BatchMetadata",
+    "BlockManager",
+    "BlockPool",
+    "Capabilities",
+    "CapacityError",
+    "DoubleFreeError",
+    "DuplicateSequenceError",
+    "InvalidRequestError",
+    "KVGeometry",
+    "KVMemory",
+    "OutOfBlocksError",
+    "ReferenceBackend",
+    "SpecError",
+    "UnknownBlockError",
+    "UnknownSequenceError",
+    "build_batch",
+    "paged_attention",
+]

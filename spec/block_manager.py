@@ -1,0 +1,298 @@
+"""Block tables: each sequence's map from logical token positions to physical blocks.
+
+A sequence with ``t`` tokens holds exactly ``ceil(t / B)`` blocks. Token ``p``
+lives in slot ``table[p // B] * B + p % B`` of the flattened pool. The table
+grows one block at a time, when its last block fills, so a sequence wastes at
+most ``B - 1`` slots, in its last block.
+
+The seeds' pitfall, with B = 16: a request that ends at 20 tokens holds two
+blocks and wastes 12 slots.
+
+>>> m = BlockManager(num_blocks=10, block_size=16)
+>>> m.add_sequence(0, prompt=list(range(20)))   # nothing cached yet
+0
+>>> slots = m.append_slots(0, list(range(20)))  # make room for all 20 prompt tokens
+>>> m.block_table(0), slots[15:18]
+((0, 1), [15, 16, 17])
+>>> m.tail_waste(0)
+12
+
+Forking that 20-token sequence into a beam of width 4 before any divergence
+shares both blocks: 2 physical blocks are held, where cloning would take 8.
+
+>>> for child in (1, 2, 3):
+...     m.fork(0, child)
+>>> m.pool.num_held, sum(len(m.block_table(s)) for s in m.sequence_ids())
+(2, 8)
+
+The first write into the shared, partly filled block copies it first:
+
+>>> m.append_slots(1, [99])     # token 20 of beam 1 goes into a fresh copy of block 1
+[36]
+>>> m.block_table(1), m.take_copies()
+((0, 2), [(1, 2)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from spec.block_pool import BlockHash, BlockPool
+from spec.errors import (
+    DuplicateSequenceError,
+    InvalidRequestError,
+    OutOfBlocksError,
+    UnknownSequenceError,
+)
+from spec.prefix_cache import block_hash, prompt_block_hashes
+
+PAD_SLOT = -1
+"""A slot-mapping entry that names no slot: a KV write skips it."""
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: the number of ``b``-sized blocks that hold ``a`` tokens."""
+    return -(-a // b)
+
+
+@dataclass
+class _Sequence:
+    table: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # every token that has a slot
+    hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
+    extra_keys: tuple[Hashable, ...] = ()
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens looked up in the prefix cache, and how many were found."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class BlockManager:
+    """Block tables for many sequences over one :class:`BlockPool`.
+
+    Every operation either completes or raises before changing anything.
+    Copy-on-write copies are recorded, not executed: a backend executes the
+    list returned by :meth:`take_copies` before the step's KV writes. Until
+    then each pending copy holds a reference to its source block, so the
+    source cannot be reallocated (and overwritten) before it has been read.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+        self.pool = BlockPool(num_blocks, block_size)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_stats = PrefixCacheStats()
+        self._seqs: dict[int, _Sequence] = {}
+        self._pending_copies: list[tuple[int, int]] = []
+
+    # -- queries --------------------------------------------------------------
+
+    def sequence_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        return tuple(self._get(seq_id).table)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return len(self._get(seq_id).tokens)
+
+    def tokens(self, seq_id: int) -> tuple[int, ...]:
+        return tuple(self._get(seq_id).tokens)
+
+    def slot(self, seq_id: int, position: int) -> int:
+        """The physical slot of logical position ``position``: the paging formula."""
+        seq = self._get(seq_id)
+        if not 0 <= position < len(seq.tokens):
+            raise InvalidRequestError(
+                f"position {position} is outside sequence {seq_id} (0..{len(seq.tokens) - 1})"
+            )
+        b = self.block_size
+        return seq.table[position // b] * b + position % b
+
+    def tail_waste(self, seq_id: int) -> int:
+        """Slots allocated to the sequence that hold no token: at most ``B - 1``."""
+        seq = self._get(seq_id)
+        return len(seq.table) * self.block_size - len(seq.tokens)
+
+    def blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
+        """Fresh blocks that appending ``num_new_tokens`` would take from the pool."""
+        seq = self._get(seq_id)
+        if num_new_tokens < 0:
+            raise InvalidRequestError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        grow = cdiv(len(seq.tokens) + num_new_tokens, self.block_size) - len(seq.table)
+        return grow + int(num_new_tokens > 0 and self._needs_copy(seq))
+
+    def can_append(self, seq_id: int, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq_id, num_new_tokens) <= self.pool.num_available
+
+    def cached_prefix(self, prompt: Sequence[int], extra_keys: Sequence[Hashable] = ()) -> int:
+        """How many prompt tokens :meth:`add_sequence` would take from the cache (a pure query)."""
+        if not self.enable_prefix_caching or not prompt:
+            return 0
+        usable = (len(prompt) - 1) // self.block_size
+        hits = 0
+        for h in prompt_block_hashes(prompt, self.block_size, tuple(extra_keys))[:usable]:
+            if self.pool.cached_block(h) is None:
+                break
+            hits += 1
+        return hits * self.block_size
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def add_sequence(
+        self, seq_id: int, prompt: Sequence[int], *, extra_keys: Sequence[Hashable] = ()
+    ) -> int:
+        """Start a sequence; return how many of its prompt tokens the prefix cache supplies.
+
+        With prefix caching on, the prompt's leading full blocks that are
+        resident are shared (reference count up) instead of recomputed. At
+        least one prompt token is always left to compute, because its output
+        (the next token's logits) is needed. The caller then appends slots for
+        the remaining prompt tokens, ``prompt[returned:]``.
+        """
+        if seq_id in self._seqs:
+            raise DuplicateSequenceError(f"sequence {seq_id} already exists")
+        seq = _Sequence(extra_keys=tuple(extra_keys))
+        if self.enable_prefix_caching and prompt:
+            usable = (len(prompt) - 1) // self.block_size  # leave >= 1 token to compute
+            hashes = prompt_block_hashes(prompt, self.block_size, seq.extra_keys)[:usable]
+            for h in hashes:
+                block = self.pool.cached_block(h)
+                if block is None:
+                    break  # chained hashes: after the first miss nothing can hit
+                self.pool.incref(block)
+                seq.table.append(block)
+                seq.hashes.append(h)
+            seq.tokens = list(prompt[: len(seq.table) * self.block_size])
+            self.prefix_stats.queried_tokens += len(prompt)
+            self.prefix_stats.hit_tokens += len(seq.tokens)
+        self._seqs[seq_id] = seq
+        return len(seq.tokens)
+
+    def append_slots(self, seq_id: int, token_ids: Sequence[int]) -> list[int]:
+        """Give slots to the next tokens of a sequence and return them, in order.
+
+        Copies the last block first if it is shared (copy-on-write), then grows
+        the table one block at a time. Raises :class:`OutOfBlocksError` and
+        changes nothing if the pool cannot supply every block needed.
+        """
+        seq = self._get(seq_id)
+        needed = self.blocks_needed(seq_id, len(token_ids))
+        if needed > self.pool.num_available:
+            self.pool.num_allocation_failures += 1
+            raise OutOfBlocksError(
+                f"sequence {seq_id} needs {needed} blocks for {len(token_ids)} tokens, "
+                f"{self.pool.num_available} available"
+            )
+        if token_ids and self._needs_copy(seq):
+            self._copy_on_write(seq)
+        start = len(seq.tokens)
+        while len(seq.table) < cdiv(start + len(token_ids), self.block_size):
+            seq.table.append(self.pool.allocate())
+        seq.tokens.extend(token_ids)
+        self._name_full_blocks(seq)
+        b = self.block_size
+        return [seq.table[p // b] * b + p % b for p in range(start, len(seq.tokens))]
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """Start ``child_id`` as a copy of ``parent_id`` that shares all its blocks.
+
+        Nothing is copied now; each shared block gains a holder. A later write
+        into a shared block copies that one block (see :meth:`append_slots`).
+        """
+        parent = self._get(parent_id)
+        if child_id in self._seqs:
+            raise DuplicateSequenceError(f"sequence {child_id} already exists")
+        for block in parent.table:
+            self.pool.incref(block)
+        self._seqs[child_id] = _Sequence(
+            list(parent.table), list(parent.tokens), list(parent.hashes), parent.extra_keys
+        )
+
+    def free(self, seq_id: int) -> None:
+        """Drop a sequence. Its blocks lose a holder each, last block first.
+
+        Releasing the tail first puts the end of a cached chain ahead of its
+        beginning in the eviction order: the shared beginning is the part most
+        likely to be reused.
+        """
+        seq = self._get(seq_id)
+        for block in reversed(seq.table):
+            self.pool.decref(block)
+        del self._seqs[seq_id]
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Hand over the pending copy-on-write copies ``(src, dst)`` and release their sources.
+
+        The caller must execute them (for K and V of every layer) before this
+        step's KV writes. Sources are never destinations in the same list, so
+        the copies may run in any order, or all at once.
+        """
+        copies, self._pending_copies = self._pending_copies, []
+        for src, _ in copies:
+            self.pool.decref(src)
+        return copies
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (held blocks stay held, but are no longer findable)."""
+        self.pool.reset_cache()
+
+    # -- invariants ------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Assert every invariant of the tables and the pool (tests call this every step)."""
+        holders: dict[int, int] = {}
+        for seq_id, seq in self._seqs.items():
+            assert len(seq.table) == cdiv(len(seq.tokens), self.block_size), (
+                f"sequence {seq_id}: {len(seq.tokens)} tokens in {len(seq.table)} blocks"
+            )
+            assert len(set(seq.table)) == len(seq.table), f"sequence {seq_id}: aliased table"
+            assert len(seq.hashes) == len(seq.tokens) // self.block_size
+            for block in seq.table:
+                holders[block] = holders.get(block, 0) + 1
+        for src, dst in self._pending_copies:
+            holders[src] = holders.get(src, 0) + 1
+            assert dst not in {s for s, _ in self._pending_copies}, f"block {dst} is src and dst"
+        self.pool.check_integrity(holders)
+
+    # -- internals ------------------------------------------------------------
+
+    def _get(self, seq_id: int) -> _Sequence:
+        try:
+            return self._seqs[seq_id]
+        except (KeyError, TypeError):
+            raise UnknownSequenceError(f"no sequence {seq_id!r}") from None
+
+    def _needs_copy(self, seq: _Sequence) -> bool:
+        """The next token lands in the last block, and someone else also holds that block."""
+        partial = len(seq.tokens) % self.block_size != 0
+        return partial and self.pool.ref_count(seq.table[-1]) > 1
+
+    def _copy_on_write(self, seq: _Sequence) -> None:
+        src = seq.table[-1]
+        dst = self.pool.allocate()
+        self._pending_copies.append((src, dst))  # the writer's reference moves to the copy
+        seq.table[-1] = dst
+
+    def _name_full_blocks(self, seq: _Sequence) -> None:
+        """Hash the blocks that have just filled, and offer them to the prefix cache."""
+        b = self.block_size
+        while len(seq.hashes) < len(seq.tokens) // b:
+            i = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else None
+            h = block_hash(parent, seq.tokens[i * b : (i + 1) * b], seq.extra_keys)
+            seq.hashes.append(h)
+            if self.enable_prefix_caching:
+                self.pool.register(seq.table[i], h)

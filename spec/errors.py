@@ -1,0 +1,41 @@
+"""The errors the spec raises.
+
+Every invalid operation raises one of these *before* touching any state, so a
+caller that catches the error can keep using the object as if the call never
+happened. Each class names one kind of misuse; the message names the offending
+value.
+"""
+
+from __future__ import annotations
+
+
+class SpecError(Exception):
+    """Base class of every error the spec raises on purpose."""
+
+
+class OutOfBlocksError(SpecError):
+    """The pool has no free (or evictable) block left for an allocation."""
+
+
+class DoubleFreeError(SpecError):
+    """A block whose reference count is already zero was released again."""
+
+
+class UnknownBlockError(SpecError):
+    """A block id outside ``0 .. num_blocks - 1``."""
+
+
+class UnknownSequenceError(SpecError):
+    """A sequence id that the manager does not hold (never added, or freed)."""
+
+
+class DuplicateSequenceError(SpecError):
+    """A sequence id that the manager already holds."""
+
+
+class InvalidRequestError(SpecError):
+    """An argument that can never be valid: a negative count, a bad shape, a bad dtype."""
+
+
+class CapacityError(SpecError):
+    """A request that can never fit, whatever else is freed (admission control)."""
