@@ -1,0 +1,64 @@
+"""Prefix caching through the block manager: hits, the last-token rule, extra keys, eviction."""
+
+from __future__ import annotations
+
+from spec.block_manager import BlockManager
+
+
+def _run(m: BlockManager, seq: int, prompt: list[int], extra: tuple[str, ...] = ()) -> int:
+    cached = m.add_sequence(seq, prompt, extra_keys=extra)
+    m.append_slots(seq, prompt[cached:])
+    return cached
+
+
+def test_second_prompt_reuses_full_blocks_and_counts_hits() -> None:
+    m = BlockManager(8, 4, enable_prefix_caching=True)
+    assert _run(m, 0, list(range(10))) == 0
+    assert _run(m, 1, [*range(8), 42, 43]) == 8  # two full blocks shared
+    assert m.block_table(1)[:2] == m.block_table(0)[:2]
+    assert m.block_table(1)[2] != m.block_table(0)[2]
+    assert m.prefix_stats.hit_tokens == 8 and m.prefix_stats.queried_tokens == 20
+    assert m.prefix_stats.hit_rate == 0.4
+    m.check_integrity()
+
+
+def test_at_least_one_prompt_token_is_recomputed() -> None:
+    m = BlockManager(8, 4, enable_prefix_caching=True)
+    _run(m, 0, list(range(8)))
+    assert _run(m, 1, list(range(8))) == 4, "an exact 2-block prompt may reuse only 1 block"
+    assert m.num_tokens(1) == 8
+
+
+def test_extra_keys_separate_equal_tokens() -> None:
+    m = BlockManager(8, 4, enable_prefix_caching=True)
+    _run(m, 0, list(range(9)), extra=("adapter-a",))
+    assert _run(m, 1, list(range(9)), extra=("adapter-b",)) == 0
+    assert _run(m, 2, list(range(9)), extra=("adapter-a",)) == 8
+
+
+def test_freed_prefix_stays_cached_until_evicted() -> None:
+    m = BlockManager(3, 4, enable_prefix_caching=True)
+    _run(m, 0, list(range(9)))  # 3 blocks: 2 full (cached) + 1 partial
+    m.free(0)
+    assert (m.pool.num_cached, m.pool.num_free) == (2, 1)
+    assert _run(m, 1, list(range(9))) == 8, "a freed but cached prefix still hits"
+    m.free(1)
+    _run(m, 2, [7] * 12)  # needs every block: evicts both cached blocks
+    assert m.pool.num_cached == 0 and m.pool.num_evictions == 2
+    m.free(2)
+    assert m.cached_prefix(list(range(9))) == 0, "evicted content can never hit"
+    m.check_integrity()
+
+
+def test_partial_blocks_are_never_shared() -> None:
+    m = BlockManager(8, 4, enable_prefix_caching=True)
+    _run(m, 0, list(range(6)))
+    assert _run(m, 1, list(range(6))) == 4
+    assert m.block_table(0)[1] != m.block_table(1)[1]
+
+
+def test_disabled_cache_never_hits() -> None:
+    m = BlockManager(8, 4)
+    _run(m, 0, list(range(9)))
+    assert _run(m, 1, list(range(9))) == 0
+    assert m.pool.num_cached == 0
