@@ -276,9 +276,16 @@ class BlockManager:
             raise UnknownSequenceError(f"no sequence {seq_id!r}") from None
 
     def _needs_copy(self, seq: _Sequence) -> bool:
-        """The next token lands in the last block, and someone else also holds that block."""
-        partial = len(seq.tokens) % self.block_size != 0
-        return partial and self.pool.ref_count(seq.table[-1]) > 1
+        """The next token lands in the last block, and another *table* also holds that block.
+
+        A pending copy's reference does not count: once every other writer has
+        moved to its own copy, the last one writes in place.
+        """
+        if len(seq.tokens) % self.block_size == 0:
+            return False
+        last = seq.table[-1]
+        pins = sum(1 for src, _ in self._pending_copies if src == last)
+        return self.pool.ref_count(last) - pins > 1
 
     def _copy_on_write(self, seq: _Sequence) -> None:
         src = seq.table[-1]

@@ -62,3 +62,15 @@ def test_disabled_cache_never_hits() -> None:
     _run(m, 0, list(range(9)))
     assert _run(m, 1, list(range(9))) == 0
     assert m.pool.num_cached == 0
+
+
+def test_last_writer_of_a_shared_block_writes_in_place() -> None:
+    """Two forks write in one step: the first copies, the second owns the original."""
+    m = BlockManager(8, 4)
+    _run(m, 0, [1, 2])
+    m.fork(0, 1)
+    m.append_slots(1, [3])
+    m.append_slots(0, [4])
+    assert m.take_copies() == [(0, 1)]
+    assert m.block_table(0) == (0,) and m.block_table(1) == (1,)
+    m.check_integrity()
