@@ -11,6 +11,10 @@ Read the modules in this order; each builds on the ones before it:
 7. :mod:`spec.attention` - reference paged attention in float64.
 8. :mod:`spec.backend` - the contract any backend implements.
 9. :mod:`spec.kv_budget` - the memory arithmetic behind it all.
+10. :mod:`spec.request` - requests and their lifecycle.
+11. :mod:`spec.scheduler` - continuous batching: admit, run, finish every step.
+12. :mod:`spec.swap` - the host pool that preemption by swapping uses.
+13. :mod:`spec.metrics` - what a serving operator watches.
 """
 
 from spec.attention import paged_attention

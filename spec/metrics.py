@@ -1,0 +1,225 @@
+"""Serving metrics, per step and per request class, in steps and (given a clock) seconds.
+
+The scheduler records what happens; this module only counts. Time is measured
+in *steps* (one scheduler step = one forward pass): step ``s`` runs, and the
+tokens it samples exist at its end. With a clock (the end time of every step,
+from a cost model or a wall clock) the same events are reported in seconds.
+
+* queue delay: from submission to the first step that computes any of its tokens;
+* time to first token (TTFT): from submission to the end of the step that
+  sampled its first token;
+* inter-token latency (ITL): the mean gap between a sample's consecutive tokens.
+
+A request submitted before step 0, first scheduled in step 2, whose tokens come
+out of steps 3, 4 and 6:
+
+>>> m = MetricsRecorder()
+>>> m.on_submit(7, "chat", step=0, arrival_time=None)
+>>> m.on_scheduled(7, step=2)
+>>> for s in (3, 4, 6):
+...     m.on_token(7, sample=0, step=s)
+>>> m.on_finish(7, step=6)
+>>> t = m.timelines[7]
+>>> t.queue_delay_steps, t.ttft_steps, t.itl_steps
+(2, 4, 1.5)
+>>> ends = [0.5 * (s + 1) for s in range(7)]          # each step takes 0.5 s
+>>> t.ttft_seconds(ends), t.itl_seconds(ends)
+(2.0, 0.75)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """The pool and the queues at the end of one step's scheduling decision."""
+
+    step: int
+    num_seqs: int  # sequences computed this step
+    num_tokens: int  # tokens computed this step (<= max_num_batched_tokens)
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    free_blocks: int  # no holder, no cached content
+    cached_blocks: int  # no holder, but a reusable prefix (evictable)
+    used_blocks: int  # held by some sequence
+    tail_waste: int  # slots held by running sequences that hold no token
+    allocation_failures: int  # times this step found too few blocks (then preempted or waited)
+    preemptions: int
+    swaps_out: int
+    swaps_in: int
+    prefix_queried_tokens: int  # cumulative
+    prefix_hit_tokens: int  # cumulative
+
+
+@dataclass
+class RequestTimeline:
+    """The steps at which one request's events happened."""
+
+    request_id: int
+    request_class: str
+    arrival_step: int
+    arrival_time: float | None
+    first_scheduled_step: int | None = None
+    token_steps: dict[int, list[int]] = field(default_factory=dict)  # sample -> steps
+    finish_step: int | None = None
+    preemptions: int = 0
+
+    @property
+    def first_token_step(self) -> int | None:
+        return min((s[0] for s in self.token_steps.values() if s), default=None)
+
+    @property
+    def queue_delay_steps(self) -> int | None:
+        s = self.first_scheduled_step
+        return None if s is None else s - self.arrival_step
+
+    @property
+    def ttft_steps(self) -> int | None:
+        s = self.first_token_step
+        return None if s is None else s + 1 - self.arrival_step
+
+    @property
+    def itl_steps(self) -> float | None:
+        gaps = [b - a for steps in self.token_steps.values() for a, b in pairwise(steps)]
+        return sum(gaps) / len(gaps) if gaps else None
+
+    def _start(self, ends: Sequence[float]) -> float:
+        if self.arrival_time is not None:
+            return self.arrival_time
+        return ends[self.arrival_step - 1] if self.arrival_step > 0 else 0.0
+
+    def queue_delay_seconds(self, ends: Sequence[float]) -> float | None:
+        s = self.first_scheduled_step
+        start_of = ends[s - 1] if s is not None and s > 0 else 0.0
+        return None if s is None else max(0.0, start_of - self._start(ends))
+
+    def ttft_seconds(self, ends: Sequence[float]) -> float | None:
+        s = self.first_token_step
+        return None if s is None else ends[s] - self._start(ends)
+
+    def itl_seconds(self, ends: Sequence[float]) -> float | None:
+        gaps = [
+            ends[b] - ends[a] for steps in self.token_steps.values() for a, b in pairwise(steps)
+        ]
+        return sum(gaps) / len(gaps) if gaps else None
+
+
+@dataclass(frozen=True)
+class ClassSummary:
+    """Means over the finished requests of one class (``None`` where nothing was measured)."""
+
+    request_class: str
+    num_requests: int
+    preemptions: int
+    queue_delay_steps: float | None
+    ttft_steps: float | None
+    itl_steps: float | None
+    queue_delay_seconds: float | None = None
+    ttft_seconds: float | None = None
+    itl_seconds: float | None = None
+
+
+def _mean(values: Sequence[float | int | None]) -> float | None:
+    xs = [float(v) for v in values if v is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+class MetricsRecorder:
+    """Collects :class:`StepStats` and one :class:`RequestTimeline` per request."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+        self.timelines: dict[int, RequestTimeline] = {}
+
+    def on_submit(
+        self, request_id: int, request_class: str, *, step: int, arrival_time: float | None
+    ) -> None:
+        self.timelines[request_id] = RequestTimeline(request_id, request_class, step, arrival_time)
+
+    def on_scheduled(self, request_id: int, *, step: int) -> None:
+        t = self.timelines[request_id]
+        if t.first_scheduled_step is None:
+            t.first_scheduled_step = step
+
+    def on_token(self, request_id: int, *, sample: int, step: int) -> None:
+        self.timelines[request_id].token_steps.setdefault(sample, []).append(step)
+
+    def on_preempt(self, request_id: int) -> None:
+        self.timelines[request_id].preemptions += 1
+
+    def on_finish(self, request_id: int, *, step: int) -> None:
+        self.timelines[request_id].finish_step = step
+
+    def add_step(self, stats: StepStats) -> None:
+        self.steps.append(stats)
+
+    def summarize(self, step_end_times: Sequence[float] | None = None) -> list[ClassSummary]:
+        """Per request class, over finished requests; seconds too when ``step_end_times``."""
+        by_class: dict[str, list[RequestTimeline]] = {}
+        for t in self.timelines.values():
+            if t.finish_step is not None:
+                by_class.setdefault(t.request_class, []).append(t)
+        out = []
+        for name in sorted(by_class):
+            ts = by_class[name]
+            ends = step_end_times
+            out.append(
+                ClassSummary(
+                    request_class=name,
+                    num_requests=len(ts),
+                    preemptions=sum(t.preemptions for t in ts),
+                    queue_delay_steps=_mean([t.queue_delay_steps for t in ts]),
+                    ttft_steps=_mean([t.ttft_steps for t in ts]),
+                    itl_steps=_mean([t.itl_steps for t in ts]),
+                    queue_delay_seconds=_mean([t.queue_delay_seconds(ends) for t in ts])
+                    if ends
+                    else None,
+                    ttft_seconds=_mean([t.ttft_seconds(ends) for t in ts]) if ends else None,
+                    itl_seconds=_mean([t.itl_seconds(ends) for t in ts]) if ends else None,
+                )
+            )
+        return out
+
+    def totals(self) -> dict[str, float]:
+        """Whole-run pool figures: peak used blocks, failures, preemptions, prefix hit rate."""
+        last = self.steps[-1] if self.steps else None
+        q = last.prefix_queried_tokens if last else 0
+        return {
+            "steps": len(self.steps),
+            "tokens": sum(s.num_tokens for s in self.steps),
+            "peak_used_blocks": max((s.used_blocks for s in self.steps), default=0),
+            "min_free_blocks": min(
+                (s.free_blocks + s.cached_blocks for s in self.steps), default=0
+            ),
+            "max_tail_waste": max((s.tail_waste for s in self.steps), default=0),
+            "allocation_failures": sum(s.allocation_failures for s in self.steps),
+            "preemptions": sum(s.preemptions for s in self.steps),
+            "swaps_out": sum(s.swaps_out for s in self.steps),
+            "prefix_hit_rate": (last.prefix_hit_tokens / q) if last and q else 0.0,
+        }
+
+
+def format_table(summaries: Sequence[ClassSummary], totals: dict[str, float]) -> str:
+    """A plain-text table of per-class summaries and whole-run totals."""
+
+    def f(x: float | None, scale: float = 1.0) -> str:
+        return "-" if x is None else f"{x * scale:.2f}"
+
+    rows = [
+        "class        reqs  preempt  queue(steps)  ttft(steps)  itl(steps)  ttft(ms)  itl(ms)",
+    ]
+    for s in summaries:
+        rows.append(
+            f"{s.request_class:<12} {s.num_requests:>4}  {s.preemptions:>7}  "
+            f"{f(s.queue_delay_steps):>12}  {f(s.ttft_steps):>11}  {f(s.itl_steps):>10}  "
+            f"{f(s.ttft_seconds, 1e3):>8}  {f(s.itl_seconds, 1e3):>7}"
+        )
+    rows.append(
+        "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in totals.items())
+    )
+    return "\n".join(rows)
