@@ -1,0 +1,36 @@
+"""A conformance suite for paged KV memory and attention: any backend against the spec.
+
+Hypothesis drives the spec and the backend in lockstep through random
+workloads (prefills, chunked prefills, decodes, forks with copy-on-write,
+frees, prefix-cache hits, allocation failures) and compares, after every step,
+the backend's whole KV cache bit for bit and its attention outputs within the
+dtype's tolerance. A failure is shrunk to a minimal workload, printed as a
+script that replays it.
+
+Three ways in (see docs/plugging-in.md):
+
+* ``python -m conformance run --backend NAME_OR_module:factory``;
+* ``PAGED_SPEC_BACKEND=module:factory pytest --pyargs conformance.pytest_suite``;
+* subclass :class:`conformance.testing.BackendConformance` in your own tests.
+"""
+
+from conformance.compare import Difference
+from conformance.discovery import ENV_VAR, installed_backends, load_backend
+from conformance.lockstep import ConformanceFailure, Lockstep
+from conformance.plan import SetupError
+from conformance.runner import PROFILES, RunResult, run_suite
+from conformance.workload import WorkloadConfig
+
+__all__ = [
+    "ENV_VAR",
+    "PROFILES",
+    "ConformanceFailure",
+    "Difference",
+    "Lockstep",
+    "RunResult",
+    "SetupError",
+    "WorkloadConfig",
+    "installed_backends",
+    "load_backend",
+    "run_suite",
+]

@@ -1,0 +1,166 @@
+"""Locating the first difference between what a backend holds or returns and what it should.
+
+A difference is reported in the terms a person debugs in: which step, which
+sequence and logical token, which layer, K or V or the attention output, which
+head, the expected and actual vectors, and the largest absolute and relative
+errors. KV is compared exactly; outputs within the dtype's tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from conformance.dtypes import F64, Tolerance
+
+_SHOWN = 6  # vector elements shown in a report
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first place where the backend and the spec disagree."""
+
+    what: str  # "K", "V", "output", "shape", or "exception"
+    step: int
+    detail: str
+    layer: int | None = None
+    seq_id: int | None = None
+    token: int | None = None  # logical position in the sequence
+    head: int | None = None
+    block: int | None = None
+    offset: int | None = None
+    expected: tuple[float, ...] = ()
+    actual: tuple[float, ...] = ()
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+    def describe(self) -> str:
+        """A few lines for a person: where, what, how far off."""
+        where = [f"step {self.step}"]
+        for label, value in (
+            ("sequence", self.seq_id),
+            ("token", self.token),
+            ("block", self.block),
+            ("offset", self.offset),
+            ("layer", self.layer),
+            ("head", self.head),
+        ):
+            if value is not None:
+                where.append(f"{label} {value}")
+        if self.what in ("exception", "shape"):
+            lines = [f"the backend failed at {', '.join(where)}: {self.detail}"]
+        else:
+            lines = [f"{self.what} differs at {', '.join(where)}: {self.detail}"]
+        if self.expected or self.actual:
+            lines.append(f"  expected {_fmt(self.expected)}")
+            lines.append(f"  actual   {_fmt(self.actual)}")
+        if self.max_abs_error is not None:
+            lines.append(
+                f"  max abs error {self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g}"
+            )
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fmt(values: Sequence[float]) -> str:
+    return (
+        "[" + ", ".join(f"{v:.6g}" for v in values) + (", ...]" if len(values) >= _SHOWN else "]")
+    )
+
+
+def _errors(expected: F64, actual: F64) -> tuple[float, float]:
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        err = np.abs(actual - expected)
+        rel = err / np.maximum(np.abs(expected), 1e-30)
+    big = float("inf")
+    abs_err = big if np.isnan(err).any() else float(err.max(initial=0.0))
+    rel_err = big if np.isnan(rel).any() else float(rel.max(initial=0.0))
+    return abs_err, rel_err
+
+
+def first_kv_difference(
+    step: int,
+    layer: int,
+    name: str,
+    expected: F64,
+    actual: F64,
+    owners: Mapping[int, tuple[int, int]],
+    block_size: int,
+) -> Difference | None:
+    """The first slot where ``actual`` is not bit-equal to ``expected`` (``[slots, H_kv, D]``).
+
+    ``owners`` maps a slot to the live ``(sequence, token)`` stored there; a
+    difference in a live token is reported before one in any other slot.
+    """
+    same = (expected == actual) | (np.isnan(expected) & np.isnan(actual))
+    bad_slots = np.flatnonzero(~same.reshape(same.shape[0], -1).all(axis=1))
+    if bad_slots.size == 0:
+        return None
+    live = [int(s) for s in bad_slots if int(s) in owners]
+    slot = min(live, key=lambda s: owners[s]) if live else int(bad_slots[0])
+    head = int(np.flatnonzero(~same[slot].all(axis=1))[0])
+    seq_id, token = owners.get(slot, (None, None))
+    detail = (
+        "the backend's cache holds other values than were written"
+        if seq_id is not None
+        else "a slot no live token owns was changed (a stray write or copy)"
+    )
+    abs_err, rel_err = _errors(expected[slot], actual[slot])
+    return Difference(
+        what=name,
+        step=step,
+        detail=detail,
+        layer=layer,
+        seq_id=seq_id,
+        token=token,
+        head=head,
+        block=slot // block_size,
+        offset=slot % block_size,
+        expected=tuple(float(x) for x in expected[slot, head, :_SHOWN]),
+        actual=tuple(float(x) for x in actual[slot, head, :_SHOWN]),
+        max_abs_error=abs_err,
+        max_rel_error=rel_err,
+    )
+
+
+def first_output_difference(
+    step: int,
+    layer: int,
+    expected: F64,
+    actual: F64,
+    tolerance: Tolerance,
+    rows: Sequence[tuple[int, int]],
+) -> Difference | None:
+    """The first row and head of ``actual`` (``[T, H, D]``) outside the tolerance.
+
+    ``rows[i]`` is the ``(sequence, token)`` of row ``i``.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.abs(actual - expected) <= tolerance.atol + tolerance.rtol * np.abs(expected)
+    bad = ~ok.all(axis=2)  # [T, H]
+    if not bad.any():
+        return None
+    row, head = (int(i) for i in np.argwhere(bad)[0])
+    abs_err, rel_err = _errors(expected, actual)
+    seq_id, token = rows[row]
+    return Difference(
+        what="output",
+        step=step,
+        detail=(
+            f"attention output outside atol {tolerance.atol:g} + rtol {tolerance.rtol:g} "
+            f"(errors below are over the whole step and layer)"
+        ),
+        layer=layer,
+        seq_id=seq_id,
+        token=token,
+        head=head,
+        expected=tuple(float(x) for x in expected[row, head, :_SHOWN]),
+        actual=tuple(float(x) for x in actual[row, head, :_SHOWN]),
+        max_abs_error=abs_err,
+        max_rel_error=rel_err,
+    )

@@ -1,0 +1,155 @@
+"""A small paged backend in numpy, built from replaceable parts, for the self-test.
+
+It stores K and V in the cache dtype (bfloat16 as float32 holding bfloat16
+values) and computes attention in float32, the way a GPU kernel would. Each
+step of the computation is one short method, so that
+:mod:`conformance.planted` can break exactly one of them and check that the
+suite notices.
+
+>>> from spec.backend import Backend
+>>> isinstance(NumpyPagedBackend(), Backend)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from conformance.dtypes import round_to
+from spec.backend import Capabilities, FloatArray, KVGeometry
+from spec.batch import BatchMetadata
+from spec.block_manager import PAD_SLOT, cdiv
+from spec.errors import InvalidRequestError
+
+F32 = NDArray[np.float32]
+Ints = NDArray[np.int64]
+
+
+class NumpyPagedBackend:
+    """A correct paged backend: the base that every planted bug modifies in one place."""
+
+    name = "numpy"
+
+    def __init__(self) -> None:
+        self._geometry: KVGeometry | None = None
+        self._k: list[NDArray[np.floating]] = []
+        self._v: list[NDArray[np.floating]] = []
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name=self.name, device="cpu")
+
+    def create_cache(self, geometry: KVGeometry) -> None:
+        g = geometry
+        storage = np.float16 if g.dtype == "float16" else np.float32
+        shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        self._geometry = g
+        self._k = [np.zeros(shape, dtype=storage) for _ in range(g.num_layers)]
+        self._v = [np.zeros(shape, dtype=storage) for _ in range(g.num_layers)]
+
+    def write_kv(
+        self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
+    ) -> None:
+        g = self._geo()
+        n = len(slot_mapping)
+        slots = self._write_slots(np.asarray(slot_mapping, dtype=np.int64).reshape(n))
+        keep = self._written(slots)
+        for cache, rows in ((self._k[layer], key), (self._v[layer], value)):
+            flat = cache.reshape(g.num_blocks * g.block_size, g.num_kv_heads, g.head_dim)
+            flat[slots[keep]] = round_to(np.asarray(rows)[:n][keep], g.dtype)
+
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
+        for layer in range(self._geo().num_layers):
+            for src, dst in copies:
+                self._copy_block(layer, src, dst)
+
+    def attention(
+        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+    ) -> FloatArray:
+        g = self._geo()
+        q = np.asarray(query, dtype=np.float32)
+        out = np.zeros((batch.num_tokens, q.shape[1], g.head_dim), dtype=np.float32)
+        for i in range(batch.num_seqs):
+            start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
+            k, v = self._gather(layer, batch.block_tables[i], batch.seq_lens[i])
+            positions = self._query_positions(batch.seq_lens[i], end - start)
+            visible = self._visible(positions, k.shape[0], batch.seq_lens[i])
+            out[start:end] = self._attend(q[start:end], k, v, visible, scale)
+        return out
+
+    def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
+        self._geo()
+        return self._k[layer].astype(np.float32), self._v[layer].astype(np.float32)
+
+    # -- the replaceable parts ----------------------------------------------------
+
+    def _write_slots(self, slots: Ints) -> Ints:
+        """Where each row goes: the slot mapping as given."""
+        return slots
+
+    def _written(self, slots: Ints) -> NDArray[np.bool_]:
+        """Which rows are written: all but padding (slot -1)."""
+        keep: NDArray[np.bool_] = slots != PAD_SLOT
+        return keep
+
+    def _copy_block(self, layer: int, src: int, dst: int) -> None:
+        self._k[layer][dst] = self._k[layer][src]
+        self._v[layer][dst] = self._v[layer][src]
+
+    def _blocks(self, table: Sequence[int], seq_len: int) -> list[int]:
+        """The physical blocks holding positions ``0 .. seq_len - 1``, through the table."""
+        return list(table[: cdiv(seq_len, self._geo().block_size)])
+
+    def _num_keys(self, seq_len: int) -> int:
+        return seq_len
+
+    def _gather(self, layer: int, table: Sequence[int], seq_len: int) -> tuple[F32, F32]:
+        g = self._geo()
+        blocks = self._blocks(table, seq_len)
+        n = self._num_keys(seq_len)
+        rows = (len(blocks) * g.block_size, g.num_kv_heads, g.head_dim)
+        k = self._k[layer][blocks].reshape(rows)[:n].astype(np.float32)
+        v = self._v[layer][blocks].reshape(rows)[:n].astype(np.float32)
+        return k, v
+
+    def _query_positions(self, seq_len: int, query_len: int) -> Ints:
+        """New tokens are the last ``query_len`` positions of the sequence."""
+        return np.arange(seq_len - query_len, seq_len, dtype=np.int64)
+
+    def _visible(self, positions: Ints, num_keys: int, seq_len: int) -> NDArray[np.bool_]:
+        """Causal: the query at position ``p`` sees keys ``0 .. p``."""
+        mask: NDArray[np.bool_] = np.arange(num_keys)[None, :] <= positions[:, None]
+        return mask
+
+    def _kv_head(self, head: int, num_heads: int, num_kv_heads: int) -> int:
+        return head // (num_heads // num_kv_heads)
+
+    def _scale(self, scale: float, head_dim: int) -> float:
+        return scale
+
+    def _softmax(self, scores: F32) -> F32:
+        shifted = scores - scores.max(axis=-1, keepdims=True)
+        weights = np.exp(shifted)
+        out: F32 = weights / weights.sum(axis=-1, keepdims=True)
+        return out
+
+    # -- internals ----------------------------------------------------------------
+
+    def _attend(self, q: F32, k: F32, v: F32, visible: NDArray[np.bool_], scale: float) -> F32:
+        g = self._geo()
+        num_heads = q.shape[1]
+        out = np.zeros_like(q)
+        for h in range(num_heads):
+            kv = self._kv_head(h, num_heads, g.num_kv_heads)
+            scores = (q[:, h] @ k[:, kv].T) * np.float32(self._scale(scale, g.head_dim))
+            weights = self._softmax(np.where(visible, scores, np.float32(-np.inf)))
+            out[:, h] = weights @ v[:, kv]
+        return out
+
+    def _geo(self) -> KVGeometry:
+        if self._geometry is None:
+            raise InvalidRequestError("create_cache() must be called first")
+        return self._geometry

@@ -1,0 +1,135 @@
+"""Deliberately broken backends: each is the numpy backend with one real bug class planted.
+
+The self-test runs the quick profile against every one and passes only if the
+suite catches them all. Each bug is one that production engines have shipped
+or nearly shipped (see the project's REFERENCES.md); the docstring says what
+the suite must do to see it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from conformance.numpy_backend import F32, Ints, NumpyPagedBackend
+from spec.block_manager import cdiv
+
+
+class SlotOffByOne(NumpyPagedBackend):
+    """The first token of every block is written one slot early (off by one at the boundary)."""
+
+    def _write_slots(self, slots: Ints) -> Ints:
+        b = self._geo().block_size
+        return np.where((slots > 0) & (slots % b == 0), slots - 1, slots)
+
+
+class IgnoresBlockTable(NumpyPagedBackend):
+    """Attention assumes a sequence's blocks are contiguous from its first block."""
+
+    def _blocks(self, table: Sequence[int], seq_len: int) -> list[int]:
+        n = cdiv(seq_len, self._geo().block_size)
+        return [(table[0] + i) % self._geo().num_blocks for i in range(n)]
+
+
+class SkipsCopies(NumpyPagedBackend):
+    """Copy-on-write copies are never executed: the writer's new block lacks the prefix."""
+
+    def _copy_block(self, layer: int, src: int, dst: int) -> None:
+        pass
+
+
+class CopiesKeyOnly(NumpyPagedBackend):
+    """Copy-on-write copies K but not V."""
+
+    def _copy_block(self, layer: int, src: int, dst: int) -> None:
+        self._k[layer][dst] = self._k[layer][src]
+
+
+class CopiesBackwards(NumpyPagedBackend):
+    """Copy-on-write copies ``dst`` onto ``src``: the direction swapped."""
+
+    def _copy_block(self, layer: int, src: int, dst: int) -> None:
+        super()._copy_block(layer, dst, src)
+
+
+class WritesPaddingSlot(NumpyPagedBackend):
+    """Slot -1 is used as an index (numpy: the last slot of the pool) instead of skipped."""
+
+    def _written(self, slots: Ints) -> NDArray[np.bool_]:
+        return np.ones(slots.shape, dtype=np.bool_)
+
+
+class WrongGqaMapping(NumpyPagedBackend):
+    """Query head ``h`` reads KV head ``h % H_kv`` instead of ``h // (H / H_kv)``."""
+
+    def _kv_head(self, head: int, num_heads: int, num_kv_heads: int) -> int:
+        return head % num_kv_heads
+
+
+class ChunkMaskFromZero(NumpyPagedBackend):
+    """A prefill chunk's causal mask assumes the chunk starts at position 0."""
+
+    def _query_positions(self, seq_len: int, query_len: int) -> Ints:
+        if query_len == 1:
+            return super()._query_positions(seq_len, query_len)
+        return np.arange(query_len, dtype=np.int64)
+
+
+class IgnoresPartialBlock(NumpyPagedBackend):
+    """Attention reads only full blocks: the tokens in the last, partial block are lost."""
+
+    def _num_keys(self, seq_len: int) -> int:
+        return seq_len - seq_len % self._geo().block_size
+
+    def _blocks(self, table: Sequence[int], seq_len: int) -> list[int]:
+        return list(table[: seq_len // self._geo().block_size])
+
+
+class ReadsPastSeqLen(NumpyPagedBackend):
+    """Decode skips the mask ("the query is last anyway") and reads the whole last block."""
+
+    def _num_keys(self, seq_len: int) -> int:
+        return cdiv(seq_len, self._geo().block_size) * self._geo().block_size
+
+    def _visible(self, positions: Ints, num_keys: int, seq_len: int) -> NDArray[np.bool_]:
+        if positions.size == 1:
+            return np.ones((1, num_keys), dtype=np.bool_)
+        return super()._visible(positions, num_keys, seq_len)
+
+
+class SoftmaxWithoutMax(NumpyPagedBackend):
+    """Softmax without subtracting the row maximum, in the cache dtype: fp16 overflows past 11."""
+
+    def _softmax(self, scores: F32) -> F32:
+        storage = np.float16 if self._geo().dtype == "float16" else np.float32
+        with np.errstate(over="ignore", invalid="ignore"):
+            weights = np.exp(scores.astype(storage)).astype(np.float32)
+            out: F32 = weights / weights.sum(axis=-1, keepdims=True)
+        return out
+
+
+class IgnoresScale(NumpyPagedBackend):
+    """The ``scale`` argument is ignored: always ``1 / sqrt(head_dim)``."""
+
+    def _scale(self, scale: float, head_dim: int) -> float:
+        return 1.0 / math.sqrt(head_dim)
+
+
+PLANTED: dict[str, type[NumpyPagedBackend]] = {
+    "slot mapping off by one at a block boundary": SlotOffByOne,
+    "ignores the block table (assumes contiguous blocks)": IgnoresBlockTable,
+    "copy-on-write copy not executed": SkipsCopies,
+    "copy-on-write copy executed for K only": CopiesKeyOnly,
+    "copy-on-write copy in the wrong direction": CopiesBackwards,
+    "padding slot -1 written (into the last slot)": WritesPaddingSlot,
+    "GQA head mapping wrong": WrongGqaMapping,
+    "causal mask wrong for a prefill chunk that starts mid-sequence": ChunkMaskFromZero,
+    "last partial block ignored": IgnoresPartialBlock,
+    "stale data read past seq_len": ReadsPastSeqLen,
+    "softmax without max subtraction (overflows in fp16)": SoftmaxWithoutMax,
+    "wrong scale": IgnoresScale,
+}
+"""Each planted bug, by the bug class it stands for."""

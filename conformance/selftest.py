@@ -1,0 +1,45 @@
+"""The suite tests itself: every planted bug must be caught, and no correct backend flagged.
+
+Runs the quick profile, with a fixed seed and without shrinking (finding is
+what is tested here; shrinking is tested in the project's own tests), against
+each backend of :data:`conformance.planted.PLANTED`, and against the correct
+numpy backend and the spec's reference backend, which must pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from conformance.numpy_backend import NumpyPagedBackend
+from conformance.planted import PLANTED
+from conformance.runner import run_suite
+from spec.backend import ReferenceBackend
+
+SELFTEST_SEED = 20240601
+
+
+def selftest(out: Callable[[str], None] = print) -> bool:
+    """Print one line per backend and ``caught N/N``; True when every bug is caught."""
+    start = time.monotonic()
+    ok = True
+    for name, backend in (("reference", ReferenceBackend()), ("numpy", NumpyPagedBackend())):
+        result = run_suite(backend, name, run_seed=SELFTEST_SEED, database=None, shrink=False)
+        ok &= result.passed
+        status = "passes" if result.passed else "FLAGGED (a false alarm)"
+        out(f"  correct backend {name}: {status}")
+        if result.difference is not None:
+            out(result.difference.describe())
+    caught = 0
+    for label, cls in PLANTED.items():
+        ref = f"conformance.planted:{cls.__name__}"
+        result = run_suite(cls(), ref, run_seed=SELFTEST_SEED, database=None, shrink=False)
+        if result.difference is not None:
+            caught += 1
+            first = result.difference.describe().splitlines()[0]
+            where = f"in example {result.stats.first_failure_example}"
+            out(f"  caught  {label}\n          {where}: {first}")
+        else:
+            out(f"  MISSED  {label} ({ref})")
+    out(f"caught {caught}/{len(PLANTED)} in {time.monotonic() - start:.1f} s")
+    return ok and caught == len(PLANTED)

@@ -1,0 +1,156 @@
+"""The data of a workload: its geometry, and every tensor, derived from seeds.
+
+No tensor is drawn element by element. A token's K and V depend only on the
+workload seed, the layer, and the token ids of its sequence *up to and
+including that token* (a chained digest), never on where it is stored. So a
+prefix-cache hit must find exactly the K and V that were written for the same
+prefix, and a hit that returns evicted or foreign content shows up as a
+difference. Queries depend on the seed, the step and the layer.
+
+Every value is rounded to the cache dtype before either side sees it, so that
+KV written by the backend and by the spec can be compared exactly.
+
+>>> config = WorkloadConfig(KVGeometry(1, 4, 2, 1, 8, "float16"), num_heads=2, scale=0.5, seed=7)
+>>> truth = TokenKV(config)
+>>> k1, _ = truth.rows([5, 9], layer=0)
+>>> k2, _ = truth.rows([5, 9, 3], layer=0)
+>>> bool((k1 == k2[:2]).all())                 # the same prefix gives the same K
+True
+>>> k3, _ = truth.rows([6, 9], layer=0)
+>>> bool((k3[1] == k1[1]).any())                # token 9 after another prefix: other K
+False
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from conformance.dtypes import F64, round_to
+from spec.backend import KVGeometry
+
+BLOCK_SIZES = (4, 1, 3, 16)
+"""Block sizes the suite draws (the first is where shrinking goes)."""
+HEAD_DIMS = (8, 16, 32)
+KV_HEADS = (2, 1)
+GQA_GROUPS = (2, 1, 4)
+LAYERS = (1, 2)
+POOL_BLOCKS = {1: 40, 3: 16, 4: 14, 16: 6}
+"""Pool size per block size: small, so that allocations fail and blocks are reused."""
+LARGE_LOGIT_GAIN = 16.0
+"""A scale of ``16 / sqrt(D)`` gives scores of spread about 16: exp overflows fp16 past 11."""
+PAD_VALUE = 1000.0
+"""Magnitude of padding rows (rows whose slot is -1): visible if anyone stores them."""
+
+_Q, _BACKGROUND, _PAD = 1, 2, 3  # stream tags, so that no two uses share a random stream
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Everything fixed for one workload: KV geometry, query heads, scale, seed, prefix caching."""
+
+    geometry: KVGeometry
+    num_heads: int
+    scale: float
+    seed: int
+    prefix_caching: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.geometry.num_kv_heads:
+            raise ValueError(
+                f"{self.num_heads} query heads do not divide into "
+                f"{self.geometry.num_kv_heads} KV heads"
+            )
+
+    @property
+    def dtype(self) -> str:
+        return self.geometry.dtype
+
+
+def geometry_for(
+    block_size: int, num_kv_heads: int, group: int, head_dim: int, dtype: str, layers: int
+) -> tuple[KVGeometry, int]:
+    """The KV geometry and number of query heads for one drawn shape."""
+    blocks = POOL_BLOCKS.get(block_size, max(4, 64 // block_size))
+    geometry = KVGeometry(layers, blocks, block_size, num_kv_heads, head_dim, dtype)
+    return geometry, num_kv_heads * group
+
+
+def scale_for(head_dim: int, large_logits: bool) -> float:
+    """The softmax scale: the usual ``1 / sqrt(D)``, or one that makes logits large."""
+    return (LARGE_LOGIT_GAIN if large_logits else 1.0) / math.sqrt(head_dim)
+
+
+def _seeded(*words: int) -> np.random.Generator:
+    return np.random.default_rng([w & 0xFFFF_FFFF_FFFF_FFFF for w in words])
+
+
+class TokenKV:
+    """The ground-truth K and V of every token, memoized by (prefix digest, layer)."""
+
+    def __init__(self, config: WorkloadConfig) -> None:
+        self._config = config
+        self._memo: dict[tuple[bytes, int], tuple[F64, F64]] = {}
+
+    def rows(self, tokens: Sequence[int], layer: int) -> tuple[F64, F64]:
+        """K and V ``[len(tokens), H_kv, D]`` of a sequence whose token ids are ``tokens``."""
+        g = self._config.geometry
+        shape = (len(tokens), g.num_kv_heads, g.head_dim)
+        k, v = np.empty(shape), np.empty(shape)
+        for p, digest in enumerate(prefix_digests(tokens)):
+            k[p], v[p] = self._row(digest, layer)
+        return k, v
+
+    def _row(self, digest: bytes, layer: int) -> tuple[F64, F64]:
+        key = (digest, layer)
+        if key not in self._memo:
+            g = self._config.geometry
+            word = int.from_bytes(digest[:8], "little")
+            raw = _seeded(self._config.seed, layer, word).standard_normal(
+                (2, g.num_kv_heads, g.head_dim)
+            )
+            both = round_to(raw, g.dtype)
+            self._memo[key] = (both[0], both[1])
+        return self._memo[key]
+
+
+def prefix_digests(tokens: Sequence[int]) -> list[bytes]:
+    """Digest ``p`` names ``tokens[: p + 1]``: a chain, so equal digests mean equal prefixes."""
+    digests, parent = [], b""
+    for token in tokens:
+        parent = hashlib.blake2b(parent + int(token).to_bytes(8, "little", signed=True)).digest()
+        digests.append(parent)
+    return digests
+
+
+def queries(config: WorkloadConfig, step: int, layer: int, num_tokens: int) -> F64:
+    """The query ``[num_tokens, H, D]`` of one step and layer."""
+    raw = _seeded(config.seed, _Q, step, layer).standard_normal(
+        (num_tokens, config.num_heads, config.geometry.head_dim)
+    )
+    return round_to(raw, config.dtype)
+
+
+def background(config: WorkloadConfig, layer: int) -> tuple[F64, F64]:
+    """K and V for every slot before the workload starts, so that any stray write shows."""
+    g = config.geometry
+    raw = _seeded(config.seed, _BACKGROUND, layer).standard_normal(
+        (2, g.num_blocks * g.block_size, g.num_kv_heads, g.head_dim)
+    )
+    both = round_to(raw, g.dtype)
+    return both[0], both[1]
+
+
+def padding_rows(config: WorkloadConfig, step: int, layer: int, count: int) -> F64:
+    """Rows that sit under slot ``-1`` or past the slot mapping: a backend must store none."""
+    g = config.geometry
+    raw = _seeded(config.seed, _PAD, step, layer).uniform(
+        0.5 * PAD_VALUE, PAD_VALUE, (count, g.num_kv_heads, g.head_dim)
+    )
+    out: NDArray[np.float64] = round_to(raw, g.dtype)
+    return out

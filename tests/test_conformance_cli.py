@@ -1,0 +1,140 @@
+"""``python -m conformance``: exit codes, reports, discovery errors, the example database."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main
+from conformance.discovery import installed_backends, load_backend
+from conformance.machine import RunStats, timed_progress
+from conformance.plan import SetupError, plan_for
+from conformance.planted import WritesPaddingSlot
+from conformance.runner import run_suite
+from spec.backend import Capabilities, ReferenceBackend
+
+BROKEN = "conformance.planted:WritesPaddingSlot"
+
+
+def test_reference_conforms_and_writes_both_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    argv = [
+        "run",
+        "--backend",
+        "reference",
+        "--seed",
+        "3",
+        "--no-database",
+        "--report",
+        str(report),
+        "--junit",
+        str(junit),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "PASSED" in out and "rules exercised" in out and "invariants checked" in out
+    data = json.loads(report.read_text())
+    assert data["passed"] is True and data["seed"] == 3 and data["failure"] is None
+    assert data["rules"]["fork"] > 0 and data["rules"]["prefix-cache hit"] > 0
+    suite = ET.parse(junit).getroot()
+    assert suite.get("failures") == "0" and suite.find("testcase") is not None
+
+
+def test_a_broken_backend_exits_1_with_a_located_difference_and_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    argv = [
+        "run",
+        "--backend",
+        BROKEN,
+        "--seed",
+        "7",
+        "--no-database",
+        "--report",
+        str(report),
+        "--junit",
+        str(junit),
+    ]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "FIRST DIFFERENCE" in out and "block 13, offset 3" in out
+    assert f"load_backend({BROKEN!r})" in out and "--seed 7" in out
+    failure = json.loads(report.read_text())["failure"]
+    assert failure["difference"]["what"] == "K" and "ls.step" in failure["replay_script"]
+    case = ET.parse(junit).getroot().find("testcase")
+    assert case is not None and case.find("failure") is not None
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        ("no_such_backend", "no installed backend named"),
+        ("spec.backend:NoSuchFactory", "has no callable"),
+        ("no_such_module_xyz:make", "importing no_such_module_xyz raised"),
+        ("spec.backend:DTYPES", "has no callable"),
+        ("spec.backend:Capabilities", "calling Capabilities() raised"),
+        ("spec.kv_memory:KVMemory", "calling KVMemory() raised"),
+        ("collections:OrderedDict", "lacks create_cache"),
+        ("missing/file.py:make", "no file missing/file.py"),
+    ],
+)
+def test_setup_errors_exit_2_and_say_what_to_fix(
+    backend: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--backend", backend, "--no-database"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_or_unsupported_dtype_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--backend", "reference", "--dtype", "float8"]) == 2
+    assert "unknown dtype 'float8'" in capsys.readouterr().err
+    with pytest.raises(SetupError, match="pass --dtype"):
+        plan_for(Capabilities("x", dtypes=frozenset({"float32"})), ["bfloat16"])
+
+
+def test_bad_arguments_exit_2() -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--backend", "reference", "--profile", "forever"])
+    assert exited.value.code == 2
+
+
+def test_list_shows_the_installed_backends(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("reference", "torch", "triton"):
+        assert name in out
+    assert installed_backends()["reference"] == "spec.backend:ReferenceBackend"
+    assert isinstance(load_backend("reference"), ReferenceBackend)
+
+
+def test_dtype_flag_limits_what_runs() -> None:
+    result = run_suite(
+        ReferenceBackend(),
+        "reference",
+        run_seed=1,
+        dtypes=["bfloat16"],
+        database=None,
+        max_examples=5,
+    )
+    assert result.passed and all(k.startswith("bfloat16") for k in result.stats.configs)
+
+
+def test_a_saved_failure_replays_first_on_the_next_run(tmp_path: Path) -> None:
+    first = run_suite(WritesPaddingSlot(), BROKEN, run_seed=7, database=tmp_path, shrink=False)
+    assert first.difference is not None
+    again = run_suite(WritesPaddingSlot(), BROKEN, run_seed=99, database=tmp_path, shrink=False)
+    assert again.stats.first_failure_example == 1
+    assert any(tmp_path.iterdir()), "the example database is a directory per backend"
+
+
+def test_progress_is_reported_on_long_runs() -> None:
+    lines: list[str] = []
+    stats = RunStats(examples=3, steps=40)
+    timed_progress(stats, lines.append, every_s=0.0)()
+    assert lines == ["3 examples, 40 steps, 0 s"]

@@ -1,0 +1,211 @@
+"""The lockstep machinery: workloads, comparisons, and each planted bug caught where expected."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.compare import first_kv_difference, first_output_difference
+from conformance.dtypes import TOLERANCES, round_to
+from conformance.lockstep import ConformanceFailure, Lockstep
+from conformance.numpy_backend import NumpyPagedBackend
+from conformance.planted import PLANTED
+from conformance.report import replay_script
+from conformance.runner import run_suite
+from conformance.workload import TokenKV, WorkloadConfig, geometry_for, scale_for
+from spec.backend import Backend, ReferenceBackend
+
+
+def _config(
+    block_size: int = 4,
+    kv_heads: int = 2,
+    group: int = 2,
+    dtype: str = "float32",
+    large: bool = False,
+    prefix_caching: bool = False,
+    layers: int = 2,
+) -> WorkloadConfig:
+    geometry, heads = geometry_for(block_size, kv_heads, group, 8, dtype, layers)
+    return WorkloadConfig(geometry, heads, scale_for(8, large), 11, prefix_caching)
+
+
+@given(seed=st.integers(0, 2**32 - 1), gain=st.sampled_from([1.0, 1e-3, 300.0]))
+def test_bfloat16_rounding_matches_torch(seed: int, gain: float) -> None:
+    x = np.random.default_rng(seed).standard_normal(256).astype(np.float32) * np.float32(gain)
+    expected = torch.from_numpy(x).to(torch.bfloat16).double().numpy()
+    assert np.array_equal(round_to(x, "bfloat16"), expected)
+
+
+@given(tokens=st.lists(st.integers(0, 9), min_size=1, max_size=12), layer=st.integers(0, 1))
+def test_token_kv_depends_only_on_the_prefix(tokens: list[int], layer: int) -> None:
+    truth = TokenKV(_config(dtype="bfloat16"))
+    k, v = truth.rows(tokens, layer)
+    for cut in range(1, len(tokens) + 1):
+        k2, v2 = truth.rows(tokens[:cut], layer)
+        assert np.array_equal(k[:cut], k2) and np.array_equal(v[:cut], v2)
+    assert np.array_equal(round_to(k, "bfloat16"), k), "values must be representable"
+
+
+# -- scripted workloads ----------------------------------------------------------------------
+
+
+def _cow(ls: Lockstep) -> None:
+    """Fork a 5-token sequence (B=4: the last block is partial), then both decode."""
+    ls.add(0, [1, 2, 3, 4, 5])
+    ls.step([(0, [1, 2, 3, 4, 5])])
+    ls.fork(0, 1)
+    ls.step([(1, [6]), (0, [7])])
+
+
+def _chunked(ls: Lockstep) -> None:
+    """A 7-token prompt prefilled in chunks of 3 and 4, so the second starts mid-sequence."""
+    ls.add(0, [1, 2, 3, 4, 5, 6, 7])
+    ls.step([(0, [1, 2, 3])])
+    ls.step([(0, [4, 5, 6, 7])])
+
+
+def _interleaved(ls: Lockstep) -> None:
+    """Two sequences grow in turns, so each one's blocks are not contiguous: [0, 2], [1, 3]."""
+    ls.add(0, [1, 2, 3, 4, 5])
+    ls.add(1, [6, 7, 8, 9, 10])
+    ls.step([(0, [1, 2, 3, 4]), (1, [6, 7, 8, 9])])
+    ls.step([(0, [5]), (1, [10])])
+    assert ls.manager.block_table(0) == (0, 2)
+
+
+def _decode_partial(ls: Lockstep) -> None:
+    ls.add(0, [1, 2, 3, 4, 5])
+    ls.step([(0, [1, 2, 3, 4, 5])])
+    ls.step([(0, [6])])
+
+
+WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]] = {
+    "SlotOffByOne": (_decode_partial, _config(), {"K"}),
+    "IgnoresBlockTable": (_interleaved, _config(), {"output"}),
+    "SkipsCopies": (_cow, _config(), {"K"}),
+    "CopiesKeyOnly": (_cow, _config(), {"V"}),
+    "CopiesBackwards": (_cow, _config(), {"K"}),
+    "WritesPaddingSlot": (_decode_partial, _config(), {"K"}),
+    "WrongGqaMapping": (_decode_partial, _config(), {"output"}),
+    "ChunkMaskFromZero": (_chunked, _config(), {"output"}),
+    "IgnoresPartialBlock": (_decode_partial, _config(), {"output", "exception"}),
+    "ReadsPastSeqLen": (_decode_partial, _config(), {"output"}),
+    "SoftmaxWithoutMax": (_decode_partial, _config(dtype="float16", large=True), {"output"}),
+    "IgnoresScale": (_decode_partial, _config(large=True), {"output"}),
+}
+
+
+def test_every_planted_bug_has_a_scripted_workload() -> None:
+    assert {cls.__name__ for cls in PLANTED.values()} == set(WORKLOADS)
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_scripted_workload_passes_on_correct_backends(name: str) -> None:
+    workload, config, _ = WORKLOADS[name]
+    for backend in (ReferenceBackend(), NumpyPagedBackend()):
+        ls = Lockstep(backend, config)
+        workload(ls)
+        assert ls.checks["attention outputs compared to the float64 reference"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_scripted_workload_catches_its_planted_bug(name: str) -> None:
+    workload, config, kinds = WORKLOADS[name]
+    cls = next(c for c in PLANTED.values() if c.__name__ == name)
+    with pytest.raises(ConformanceFailure) as caught:
+        workload(Lockstep(cls(), config))
+    assert caught.value.difference.what in kinds, caught.value.difference.describe()
+
+
+def test_copy_bug_is_located_at_the_copying_sequence_and_block() -> None:
+    workload, config, _ = WORKLOADS["SkipsCopies"]
+    with pytest.raises(ConformanceFailure) as caught:
+        workload(Lockstep(PLANTED["copy-on-write copy not executed"](), config))
+    diff = caught.value.difference
+    assert (diff.what, diff.seq_id, diff.token, diff.layer) == ("K", 1, 4, 0)
+    assert diff.max_abs_error is not None and diff.max_abs_error > 0
+    assert "sequence 1, token 4" in diff.describe()
+
+
+def test_prefix_hit_reuses_the_cached_kv_and_still_conforms() -> None:
+    ls = Lockstep(ReferenceBackend(), _config(prefix_caching=True))
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    ls.add(0, prompt)
+    ls.step([(0, prompt)])
+    assert ls.add(1, [*prompt[:8], 99]) == 8  # two full blocks from the cache
+    ls.step([(1, [99])])
+    assert ls.manager.block_table(1)[:2] == ls.manager.block_table(0)[:2]
+
+
+def test_failed_allocation_leaves_the_sequence_out_and_unchanged() -> None:
+    ls = Lockstep(NumpyPagedBackend(), _config())
+    too_long = list(range(4 * 15))  # 15 blocks of 4; the pool has 14
+    ls.add(0, too_long)
+    assert ls.step([(0, too_long)]) == []
+    assert ls.manager.num_tokens(0) == 0
+    assert ls.checks["failed allocations left the state unchanged"] == 1
+
+
+class _Raises(NumpyPagedBackend):
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:  # type: ignore[override]
+        raise RuntimeError("kernel launch failed")
+
+
+class _WrongShape(NumpyPagedBackend):
+    def attention(self, layer, query, batch, scale):  # type: ignore[no-untyped-def]
+        return super().attention(layer, query, batch, scale)[:, :1]
+
+
+@pytest.mark.parametrize(("backend", "what"), [(_Raises(), "exception"), (_WrongShape(), "shape")])
+def test_a_misbehaving_backend_is_reported_not_crashed_on(backend: Backend, what: str) -> None:
+    with pytest.raises(ConformanceFailure) as caught:
+        _decode_partial(Lockstep(backend, _config()))
+    assert caught.value.difference.what == what
+    assert "the backend failed" in caught.value.difference.describe()
+
+
+# -- comparisons ---------------------------------------------------------------------------
+
+
+def test_kv_difference_prefers_a_live_token_over_a_stray_slot() -> None:
+    expected = np.zeros((8, 1, 2))
+    actual = expected.copy()
+    actual[1, 0, 0] = 1.0  # slot 1: nobody's
+    actual[6, 0, 1] = np.nan  # slot 6: sequence 3, token 2
+    diff = first_kv_difference(4, 0, "V", expected, actual, {6: (3, 2)}, block_size=4)
+    assert diff is not None
+    assert (diff.seq_id, diff.token, diff.block, diff.offset) == (3, 2, 1, 2)
+    assert diff.max_abs_error == float("inf")
+    assert first_kv_difference(4, 0, "V", expected, expected.copy(), {}, 4) is None
+
+
+def test_output_difference_respects_the_dtype_tolerance() -> None:
+    tol = TOLERANCES["float16"]
+    expected = np.ones((3, 2, 4))
+    near = expected + 0.5 * (tol.atol + tol.rtol)
+    assert first_output_difference(1, 0, expected, near, tol, [(0, 0)] * 3) is None
+    far = expected.copy()
+    far[2, 1, 3] += 0.1
+    diff = first_output_difference(1, 0, expected, far, tol, [(0, 5), (0, 6), (4, 9)])
+    assert diff is not None
+    assert (diff.seq_id, diff.token, diff.head) == (4, 9, 1)
+
+
+# -- shrinking and replay ----------------------------------------------------------------------
+
+
+def test_a_found_failure_shrinks_to_a_replayable_script() -> None:
+    ref = "conformance.planted:WritesPaddingSlot"
+    result = run_suite(
+        PLANTED["padding slot -1 written (into the last slot)"](), ref, run_seed=7, database=None
+    )
+    assert result.difference is not None
+    assert len(result.workload) <= 4, result.workload  # Lockstep(), add, step
+    with pytest.raises(ConformanceFailure) as replayed:
+        exec(replay_script(result), {})
+    assert replayed.value.difference == result.difference

@@ -1,0 +1,34 @@
+"""The suite's self-test: every planted bug caught, no false alarm on correct backends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conformance.numpy_backend import NumpyPagedBackend
+from conformance.planted import PLANTED
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", "selftest"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"caught {len(PLANTED)}/{len(PLANTED)}" in done.stdout
+    assert "MISSED" not in done.stdout and "false alarm" not in done.stdout
+    assert "correct backend numpy: passes" in done.stdout
+
+
+def test_there_are_at_least_ten_distinct_planted_bugs() -> None:
+    assert len(PLANTED) >= 10
+    assert len(set(PLANTED.values())) == len(PLANTED)
+    for cls in PLANTED.values():
+        assert issubclass(cls, NumpyPagedBackend) and cls is not NumpyPagedBackend
+        assert cls.__doc__, f"{cls.__name__} must say what it breaks"
