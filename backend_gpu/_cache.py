@@ -1,0 +1,88 @@
+"""KV cache storage shared by the torch-based backends, and the numpy <-> torch boundary.
+
+The spec's :class:`~spec.backend.Backend` contract passes numpy float arrays;
+these backends keep one K and one V tensor per layer, each
+``[num_blocks, block_size, num_kv_heads, head_dim]`` in the geometry's dtype on
+one device, filled with NaN at creation exactly like :class:`spec.kv_memory.KVMemory`,
+so a read of a slot nobody wrote is visible, and ``read_cache`` of both agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from spec.backend import FloatArray, KVGeometry
+from spec.batch import BatchMetadata
+from spec.errors import InvalidRequestError
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def default_device() -> torch.device:
+    """CUDA when there is one, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TorchKVCache:
+    """Per-layer K and V tensors of one geometry, plus conversions at the numpy boundary."""
+
+    def __init__(self, geometry: KVGeometry, device: torch.device) -> None:
+        g = geometry
+        shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        self.geometry = g
+        self.device = device
+        self.dtype = TORCH_DTYPES[g.dtype]
+        self.k = [self._nans(shape) for _ in range(g.num_layers)]
+        self.v = [self._nans(shape) for _ in range(g.num_layers)]
+
+    def _nans(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's K and V tensors (the live storage, not copies)."""
+        if not 0 <= layer < self.geometry.num_layers:
+            raise InvalidRequestError(f"layer {layer} is outside 0..{self.geometry.num_layers - 1}")
+        return self.k[layer], self.v[layer]
+
+    def tensor(self, name: str, x: FloatArray, min_rows: int, heads: int) -> torch.Tensor:
+        """``x`` (numpy ``[>= min_rows, heads, head_dim]``) in the cache dtype, on the device."""
+        d = self.geometry.head_dim
+        if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+            raise InvalidRequestError(f"{name} must be a numpy float array, got {type(x).__name__}")
+        if x.ndim != 3 or x.shape[0] < min_rows or x.shape[1:] != (heads, d):
+            raise InvalidRequestError(
+                f"{name} has shape {x.shape}, expected [>= {min_rows}, {heads}, {d}]"
+            )
+        host = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        return host.to(device=self.device, dtype=self.dtype)
+
+    def slots(self, slot_mapping: Sequence[int]) -> torch.Tensor:
+        """The slot mapping as int64 on the device, each slot in the pool or ``-1``."""
+        slots = np.asarray(slot_mapping, dtype=np.int64).reshape(-1)
+        num_slots = self.geometry.num_blocks * self.geometry.block_size
+        bad = (slots != -1) & ((slots < 0) | (slots >= num_slots))
+        if bad.any():
+            raise InvalidRequestError(f"slot {int(slots[bad][0])} is outside 0..{num_slots - 1}")
+        return torch.from_numpy(slots).to(self.device)
+
+    def check_batch(self, batch: BatchMetadata) -> None:
+        """The batch was laid out for this cache's block size (not, say, the manager's)."""
+        if batch.block_size != self.geometry.block_size:
+            raise InvalidRequestError(
+                f"batch block size {batch.block_size} differs from the cache's "
+                f"{self.geometry.block_size}"
+            )
+
+    def read(self, layer: int) -> tuple[FloatArray, FloatArray]:
+        """This layer's K and V as float32 numpy copies (exact for every cache dtype)."""
+        k, v = self.layer(layer)
+        return to_numpy(k), to_numpy(v)
+
+
+def to_numpy(x: torch.Tensor) -> FloatArray:
+    """A float32 numpy copy of ``x`` (float16 and bfloat16 widen exactly)."""
+    out: FloatArray = x.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
+    return out

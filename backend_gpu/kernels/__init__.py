@@ -1,0 +1,20 @@
+"""The torch-native kernel API: validating wrappers around Triton kernels.
+
+Every function takes torch tensors on one device (CUDA: compiled; CPU: Triton's
+interpreter) in the layout ``[num_blocks, block_size, num_kv_heads, head_dim]``
+per layer for K and for V, and the int32/int64 batch metadata of
+:mod:`spec.batch`.
+"""
+
+from backend_gpu.kernels.attention import choose_num_splits, paged_attention
+from backend_gpu.kernels.block_copy import copy_blocks
+from backend_gpu.kernels.kv_write import reshape_and_cache
+from backend_gpu.kernels.slot_mapping import compute_slot_mapping
+
+__all__ = [
+    "choose_num_splits",
+    "compute_slot_mapping",
+    "copy_blocks",
+    "paged_attention",
+    "reshape_and_cache",
+]

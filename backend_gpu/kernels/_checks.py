@@ -1,0 +1,119 @@
+"""Input validation shared by the kernel wrappers: every failure names the argument and the fix.
+
+A Triton kernel trusts its pointers: a wrong dtype reinterprets bits, a wrong
+stride or an index past the end reads or writes someone else's memory without
+any error. So each wrapper checks what it can before launching, and raises
+:class:`~spec.errors.InvalidRequestError` (the spec's error for arguments that
+can never be valid) before touching any state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from spec.errors import InvalidRequestError, UnknownBlockError
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""Cache and query dtypes the kernels accept."""
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def check_device(device: torch.device, *tensors: tuple[str, torch.Tensor]) -> None:
+    """Every tensor lives on ``device``, and a kernel can run there."""
+    for name, t in tensors:
+        if t.device != device:
+            raise InvalidRequestError(f"{name} is on {t.device}, expected {device}")
+    if device.type == "cpu" and not interpreting():
+        raise InvalidRequestError(
+            "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton"
+        )
+    if device.type == "cuda" and interpreting():
+        raise InvalidRequestError(
+            "TRITON_INTERPRET=1 is set, so kernels cannot run on CUDA tensors"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise InvalidRequestError(f"device {device} is not supported (cpu or cuda)")
+
+
+def check_tensor(name: str, t: object, ndim: int, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
+    """``t`` is a torch tensor of ``ndim`` dimensions and one of ``dtypes``."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidRequestError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != ndim:
+        raise InvalidRequestError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise InvalidRequestError(f"{name} has dtype {t.dtype}, expected one of: {names}")
+    return t
+
+
+def check_contiguous(name: str, t: torch.Tensor) -> None:
+    """Kernels index ``t`` as a dense row-major array."""
+    if not t.is_contiguous():
+        raise InvalidRequestError(
+            f"{name} must be contiguous (call .contiguous()), strides {t.stride()}"
+        )
+
+
+def check_last_dim_dense(name: str, t: torch.Tensor) -> None:
+    """The last dimension is unit-stride (rows may be strided, e.g. a slice of a QKV buffer)."""
+    if t.stride(-1) != 1:
+        raise InvalidRequestError(
+            f"{name} must have unit stride in its last dimension: {t.stride()}"
+        )
+
+
+def check_cache_pair(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K and V caches: same ``[num_blocks, block_size, H_kv, D]`` shape and dtype."""
+    k = check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
+    v = check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    if k.shape != v.shape or k.dtype != v.dtype:
+        raise InvalidRequestError(
+            f"k_cache {tuple(k.shape)} {k.dtype} and v_cache {tuple(v.shape)} {v.dtype} differ"
+        )
+    check_contiguous("k_cache", k)
+    check_contiguous("v_cache", v)
+    return k, v
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (``tl.arange`` lengths must be powers of two).
+
+    >>> [next_pow2(n) for n in (1, 3, 16, 24, 96)]
+    [1, 4, 16, 32, 128]
+    """
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: ``cdiv(7, 4) == 2``."""
+    return -(-a // b)
+
+
+def independent_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> list[tuple[int, int]]:
+    """A step's copy list, validated: ids in the pool, copies independent of their order.
+
+    No block may be both a source and a destination, and no destination may
+    repeat; otherwise the result would depend on the order the copies run in.
+    """
+    pairs = [(int(s), int(d)) for s, d in copies]
+    for src, dst in pairs:
+        for b in (src, dst):
+            if not 0 <= b < num_blocks:
+                raise UnknownBlockError(
+                    f"block {b} in copy ({src}, {dst}) is outside 0..{num_blocks - 1}"
+                )
+    dsts = [d for _, d in pairs]
+    if len(set(dsts)) != len(dsts):
+        raise InvalidRequestError(f"a destination block appears twice in {pairs}")
+    both = set(dsts) & {s for s, _ in pairs}
+    if both:
+        raise InvalidRequestError(f"block {min(both)} is both a source and a destination")
+    return pairs

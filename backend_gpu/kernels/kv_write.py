@@ -1,0 +1,128 @@
+"""KV write (``reshape_and_cache``): scatter the new tokens' K and V rows into their slots.
+
+Slot ``s`` is row ``s`` of the cache viewed as ``[num_blocks * block_size, H_kv * D]``,
+so one token's K (or V) is one contiguous row on both sides. Padding slots
+(``-1``) write nothing, and the token count is ``len(slot_mapping)``: rows of
+``key`` past it are padding that is never read.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from backend_gpu.kernels._checks import (
+    check_cache_pair,
+    check_device,
+    check_last_dim_dense,
+    check_tensor,
+    interpreting,
+    next_pow2,
+)
+from spec.errors import InvalidRequestError
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _kv_write_kernel(  # type: ignore[no-untyped-def]
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    num_tokens,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROW_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """One program writes ``BLOCK_T`` tokens; each token's row is ``H_kv * D`` wide."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = tok < num_tokens
+    slot = tl.load(slot_ptr + tok, mask=tok_ok, other=-1).to(tl.int64)
+    keep = tok_ok & (slot >= 0)
+    col = tl.arange(0, ROW_PAD)
+    col_ok = col < NUM_KV_HEADS * HEAD_DIM
+    head = col // HEAD_DIM
+    d = col % HEAD_DIM
+    mask = keep[:, None] & col_ok[None, :]
+    tok64 = tok.to(tl.int64)[:, None]
+    src_k = key_ptr + tok64 * stride_kt + (head * stride_kh + d)[None, :]
+    src_v = value_ptr + tok64 * stride_vt + (head * stride_vh + d)[None, :]
+    dst = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + col[None, :]
+    tl.store(k_cache_ptr + dst, tl.load(src_k, mask=mask), mask=mask)
+    tl.store(v_cache_ptr + dst, tl.load(src_v, mask=mask), mask=mask)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    check_slots: bool = True,
+) -> None:
+    """Write ``key[i]``, ``value[i]`` (``[>= T, H_kv, D]``) into slot ``slot_mapping[i]``.
+
+    ``T = len(slot_mapping)`` (int64, on the cache's device); slot ``-1`` is skipped.
+    ``key`` and ``value`` must have the cache's dtype (no silent rounding).
+    ``check_slots`` validates the slot range on the host, which synchronises a
+    GPU; an engine that trusts its scheduler may turn it off.
+    """
+    k_cache, v_cache = check_cache_pair(k_cache, v_cache)
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    slots = check_tensor("slot_mapping", slot_mapping, 1, (torch.int64,))
+    n = slots.shape[0]
+    for name, x in (("key", key), ("value", value)):
+        check_tensor(name, x, 3, (k_cache.dtype,))
+        if x.shape[1:] != k_cache.shape[2:] or x.shape[0] < n:
+            raise InvalidRequestError(
+                f"{name} has shape {tuple(x.shape)}, expected [>= {n}, {num_kv_heads}, {head_dim}]"
+            )
+        check_last_dim_dense(name, x)
+    check_device(
+        k_cache.device,
+        ("key", key),
+        ("value", value),
+        ("v_cache", v_cache),
+        ("slot_mapping", slots),
+    )
+    if not slots.is_contiguous():
+        raise InvalidRequestError("slot_mapping must be contiguous")
+    if check_slots and n:
+        _check_slot_range(slots, num_blocks * block_size)
+    if n == 0:
+        return
+    row_pad = next_pow2(num_kv_heads * head_dim)
+    # Interpreter: few fat programs. GPU: about 4K elements per program.
+    target = 1 << 16 if interpreting() else 4096
+    block_t = max(1, min(next_pow2(n), target // row_pad))
+    grid = (triton.cdiv(n, block_t),)
+    _kv_write_kernel[grid](
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slots,
+        n,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        ROW_PAD=row_pad,
+        BLOCK_T=block_t,
+    )
+
+
+def _check_slot_range(slots: torch.Tensor, num_slots: int) -> None:
+    bad = (slots != -1) & ((slots < 0) | (slots >= num_slots))
+    if bool(bad.any()):
+        first = int(slots[bad][0])
+        raise InvalidRequestError(f"slot {first} is outside 0..{num_slots - 1} (and is not -1)")

@@ -1,0 +1,125 @@
+"""The spec's :class:`~spec.backend.Backend` in eager PyTorch: an independent second implementation.
+
+No Triton: the KV write is an index assignment, block copies are index copies,
+and attention gathers each sequence's K and V through its block table
+(``slot = table[p // B] * B + p % B``) and runs plain softmax attention in
+float32, one sequence at a time. Slow but obviously right, on CPU or any GPU,
+and a check on the Triton kernels that shares none of their code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from backend_gpu._cache import TorchKVCache, default_device, to_numpy
+from backend_gpu.kernels._checks import independent_copies
+from spec.backend import DTYPES, Capabilities, FloatArray, KVGeometry
+from spec.batch import BatchMetadata
+from spec.errors import InvalidRequestError
+
+
+class TorchBackend:
+    """Paged KV memory and attention with plain torch ops."""
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        self._cache: TorchKVCache | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name="torch", device=str(self.device), dtypes=frozenset(DTYPES))
+
+    def create_cache(self, geometry: KVGeometry) -> None:
+        self._cache = TorchKVCache(geometry, self.device)
+
+    def write_kv(
+        self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
+    ) -> None:
+        cache = self._mem()
+        k_cache, v_cache = cache.layer(layer)
+        n, h = len(slot_mapping), cache.geometry.num_kv_heads
+        k, v = cache.tensor("key", key, n, h), cache.tensor("value", value, n, h)
+        slots = cache.slots(slot_mapping)
+        keep = slots != -1
+        width = k_cache.shape[2:]
+        k_cache.view(-1, *width)[slots[keep]] = k[:n][keep]
+        v_cache.view(-1, *width)[slots[keep]] = v[:n][keep]
+
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
+        cache = self._mem()
+        pairs = independent_copies(copies, cache.geometry.num_blocks)
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for x in (*cache.k, *cache.v):
+            x[dst] = x[src]
+
+    def attention(
+        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+    ) -> FloatArray:
+        cache = self._mem()
+        k_cache, v_cache = cache.layer(layer)
+        cache.check_batch(batch)
+        heads = query.shape[1] if isinstance(query, np.ndarray) and query.ndim == 3 else -1
+        if heads % cache.geometry.num_kv_heads:
+            raise InvalidRequestError(
+                f"{heads} query heads do not divide into {cache.geometry.num_kv_heads} KV heads"
+            )
+        q = cache.tensor("query", query, batch.num_tokens, heads)
+        out = torch.empty(
+            batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device
+        )
+        for i in range(batch.num_seqs):
+            start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
+            k, v = self._gather(k_cache, v_cache, batch.block_tables[i], batch.seq_lens[i])
+            out[start:end] = _attend(q[start:end], k, v, batch.seq_lens[i], scale).to(cache.dtype)
+        return to_numpy(out)
+
+    def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
+        return self._mem().read(layer)
+
+    def _mem(self) -> TorchKVCache:
+        if self._cache is None:
+            raise InvalidRequestError("create_cache() must be called first")
+        return self._cache
+
+    def _gather(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, table: Sequence[int], seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's K and V ``[seq_len, H_kv, D]`` in position order, via its table."""
+        block_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
+        used = -(-seq_len // block_size)
+        if used > len(table):
+            raise InvalidRequestError(
+                f"{seq_len} tokens need {used} blocks, the table has {len(table)}"
+            )
+        blocks = torch.tensor(table[:used], dtype=torch.int64, device=self.device)
+        if bool(((blocks < 0) | (blocks >= num_blocks)).any()):
+            raise InvalidRequestError(
+                f"block table {table[:used]} has ids outside 0..{num_blocks - 1}"
+            )
+        pos = torch.arange(seq_len, device=self.device)
+        slots = blocks[pos // block_size] * block_size + pos % block_size
+        width = k_cache.shape[2:]
+        return k_cache.view(-1, *width)[slots], v_cache.view(-1, *width)[slots]
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float
+) -> torch.Tensor:
+    """Causal attention in float32: query ``j`` of ``n`` is at position ``seq_len - n + j``."""
+    n, heads = q.shape[0], q.shape[1]
+    group = heads // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)  # [t, H, D]: head h reads KV head h // group
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,thd->hnt", q.float(), kf) * scale
+    pos = torch.arange(seq_len - n, seq_len, device=q.device)
+    visible = torch.arange(seq_len, device=q.device)[None, :] <= pos[:, None]
+    scores = scores.masked_fill(~visible[None], -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("hnt,thd->nhd", weights, vf)
