@@ -32,5 +32,8 @@ test: lint typecheck pytest
 conformance: $(STAMP)
 	$(PY) -m conformance run --backend triton --junit out/conformance.xml
 
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site

@@ -1,0 +1,178 @@
+"""The serving simulator: it runs on the spec's schedulers, conserves tokens, and reproduces
+the ordering the seeds argue (continuous beats static, paging packs memory tighter)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tools._sim_cost
+import tools._sim_traffic
+import tools.simulate
+from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS, step_seconds
+from tools._sim_run import POLICIES, EngineConfig, run
+from tools._sim_traffic import LENGTH_PRESETS, TraceRequest, load_trace, poisson_trace, save_trace
+from tools.simulate import SimConfig, main, simulate, write_outputs
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS_RESULTS = ROOT / "docs" / "assets" / "simulate" / "results.json"
+SMALL = SimConfig(num_requests=60, rates=(8.0, 96.0), kv_pool_gib=1.0, member_steps=50)
+
+
+@pytest.fixture(scope="module")
+def small() -> dict[str, Any]:
+    return simulate(SMALL)
+
+
+@pytest.mark.parametrize("module", [tools._sim_cost, tools._sim_traffic])
+def test_doctests(module: object) -> None:
+    result = doctest.testmod(module)  # type: ignore[arg-type]
+    assert result.attempted > 0 and result.failed == 0, result
+
+
+def test_results_fields(small: dict[str, Any]) -> None:
+    assert set(small) == {"config", "main", "sweep", "timelines", "membership", "summary"}
+    assert small["main"]["rate"] == 96.0
+    for policy in POLICIES:
+        m = small["main"]["runs"][policy]
+        for key in ("throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"):
+            assert m[key] is not None and m[key] > 0, (policy, key, m[key])
+        assert m["ttft_p50_s"] <= m["ttft_p99_s"] and m["itl_p50_s"] <= m["itl_p99_s"], policy
+        assert 0 < m["kv_util_mean"] <= 1, (policy, m["kv_util_mean"])
+        assert m["preemptions"] >= 0
+        assert len(small["sweep"]["runs"][policy]) == 2
+        tl = small["timelines"][policy]
+        assert len(tl["t"]) == len(tl["kv_util"]) == len(tl["batch"]) > 10
+    assert set(small["membership"]) == {"static", "paged"}
+
+
+def test_continuous_beats_static_and_paging_packs_tighter(small: dict[str, Any]) -> None:
+    s, runs = small["summary"], small["main"]["runs"]
+    assert s["continuous_over_static_throughput"] > 1.5, s
+    assert s["scheduling_gain"] > 1.0 and s["memory_gain"] > 1.0, s
+    assert s["paged_kv_utilization"] >= s["contiguous_kv_utilization"], s
+    assert runs["static"]["preemptions"] == 0  # static forms batches by their worst case
+    assert runs["contiguous"]["block_size"] == SMALL.max_model_len
+
+
+def test_every_token_is_served_once(small: dict[str, Any]) -> None:
+    trace = SMALL.trace(SMALL.rates[-1])
+    expected = sum(r.output_len for r in trace)
+    for policy in POLICIES:
+        assert small["main"]["runs"][policy]["output_tokens"] == expected, policy
+
+
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 200)), min_size=1, max_size=12),
+    gaps=st.lists(st.floats(0.0, 0.05), min_size=12, max_size=12),
+    pool_blocks=st.integers(32, 96),
+)
+def test_random_traces_finish_every_request(
+    lengths: list[tuple[int, int]], gaps: list[float], pool_blocks: int
+) -> None:
+    """Any small trace on any small pool: every policy serves every output token exactly once."""
+    arrivals = [sum(gaps[: i + 1]) for i in range(len(lengths))]
+    trace = [TraceRequest(a, p, o) for a, (p, o) in zip(arrivals, lengths, strict=False)]
+    engine = EngineConfig(
+        GPU_PRESETS["h200"],
+        MODEL_PRESETS["llama-3.1-8b"],
+        pool_tokens=pool_blocks * 16,
+        max_model_len=512,
+        max_num_batched_tokens=256,
+    )
+    for policy in POLICIES:
+        m, tl = run(policy, trace, engine)
+        assert m["output_tokens"] == sum(o for _, o in lengths), policy
+        assert all(0.0 <= u <= 1.0 for u in tl.kv_util), policy
+        assert tl.end == sorted(tl.end), policy
+        assert m["ttft_p50_s"] > 0, policy
+
+
+def test_roofline_is_flat_then_linear() -> None:
+    gpu, model = GPU_PRESETS["h200"], MODEL_PRESETS["llama-3.1-8b"]
+    flat = [step_seconds(gpu, model, [(1, 1)] * n) for n in (1, 32, 128)]
+    assert max(flat) / min(flat) < 1.01, flat
+    big = [step_seconds(gpu, model, [(1, 1)] * n) for n in (1000, 2000)]
+    assert math.isclose(big[1] / big[0], 2.0, rel_tol=0.01), big
+    with pytest.raises(ValueError, match="new_tokens <= context"):
+        step_seconds(gpu, model, [(5, 4)])
+
+
+def test_trace_round_trip_and_errors(tmp_path: Path) -> None:
+    trace = poisson_trace(LENGTH_PRESETS["alpaca"], rate=5.0, num_requests=20, seed=3)
+    path = tmp_path / "trace.jsonl"
+    save_trace(path, trace)
+    assert load_trace(path) == trace
+    path.write_text('{"arrival": 0.5, "prompt_len": 0, "output_len": 3}\n')
+    with pytest.raises(ValueError, match=r"trace\.jsonl:1"):
+        load_trace(path)
+    path.write_text("not json\n")
+    with pytest.raises(ValueError, match="not a trace row"):
+        load_trace(path)
+    with pytest.raises(ValueError, match="rate > 0"):
+        poisson_trace(LENGTH_PRESETS["alpaca"], rate=0.0, num_requests=3)
+
+
+def test_cli_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = poisson_trace(LENGTH_PRESETS["alpaca"], rate=20.0, num_requests=40, seed=1)
+    save_trace(tmp_path / "t.jsonl", trace)
+    argv = ["--traffic", str(tmp_path / "t.jsonl"), "--rates", "10,40", "--kv-pool-gib", "0.5"]
+    assert main([*argv, "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "continuous/static throughput:" in out and "KV utilization" in out, out
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    scaled = SimConfig(traffic=str(tmp_path / "t.jsonl")).trace(rate=10.0)
+    assert [r.prompt_len for r in scaled] == [r.prompt_len for r in trace]
+    assert math.isclose(len(scaled) / scaled[-1].arrival, 10.0), scaled[-1]
+    assert results["main"]["rate"] == 40.0
+    for name in ("rate_sweep.png", "kv_utilization.png", "batch_membership.png"):
+        png = (tmp_path / "out" / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000, name
+    for bad, says in [
+        (["--traffic", "nope"], "nope"),
+        (["--rates", "fast"], "fast"),
+        (["--kv-pool-gib", "0.01"], "cannot hold one 2048-token sequence"),
+        (["--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
+    ]:
+        assert main([*bad, "--out", str(tmp_path / "x")]) == 2, bad
+        assert says in capsys.readouterr().err, bad
+    assert not (tmp_path / "x").exists()
+
+
+def test_worker_processes_give_the_same_results() -> None:
+    tiny = SimConfig(num_requests=12, rates=(50.0,), kv_pool_gib=0.5, member_steps=10)
+    assert simulate(tiny, jobs=2) == simulate(tiny, jobs=1)
+
+
+def test_write_outputs_without_plots(small: dict[str, Any], tmp_path: Path) -> None:
+    assert write_outputs(small, tmp_path, plots=False) == [tmp_path / "results.json"]
+
+
+def test_docs_figures_come_from_this_code() -> None:
+    """The committed results behind docs/simulator.md are what the code computes today.
+
+    Regenerate with ``python -m tools.simulate --out docs/assets/simulate`` if this fails.
+    """
+    committed = json.loads(DOCS_RESULTS.read_text())
+    saved = {k: v for k, v in committed["config"].items() if k in SimConfig.__dataclass_fields__}
+    cfg = SimConfig(**saved | {"rates": tuple(saved["rates"])})
+    assert cfg == SimConfig(), "the docs must show the default run"
+    rate = committed["main"]["rate"]
+    for policy in POLICIES:
+        fresh, _ = run(policy, cfg.trace(rate), cfg.engine())
+        fresh = json.loads(json.dumps(fresh))  # the same rounding trip as the file
+        assert fresh == committed["main"]["runs"][policy], (
+            f"{policy}: docs/assets/simulate/results.json is stale; regenerate it with "
+            "`python -m tools.simulate --out docs/assets/simulate`"
+        )
+    paged = committed["summary"]["paged_kv_utilization"]
+    assert paged >= 0.96, f"paged KV utilization {paged:.1%} on the ShareGPT-like preset"
+    for name in ("rate_sweep.png", "kv_utilization.png", "batch_membership.png"):
+        assert (DOCS_RESULTS.parent / name).stat().st_size > 10_000, name

@@ -1,0 +1,96 @@
+"""A roofline cost model of one forward step: the simulator's clock.
+
+A step takes as long as the slower of its two demands on the GPU: moving bytes
+through HBM (the weights once, plus the KV it reads and writes) and doing
+arithmetic (two FLOPs per parameter per token, plus attention's score and
+value products). A decode step has one token per sequence, so its arithmetic
+is small and its time is the weights' streaming time, flat in the batch size
+until the batch is large enough to be compute-bound. Prefill has many tokens
+per sequence and costs by tokens. The defaults are an 8B model in bf16 on an
+H200-class GPU (16 GB of weights, 4.8 TB/s, about 790 TFLOP/s bf16).
+
+>>> gpu, model = GPU_PRESETS["h200"], MODEL_PRESETS["llama-3.1-8b"]
+>>> decode = lambda n: step_seconds(gpu, model, [(1, 1)] * n)     # n one-token sequences
+>>> round(decode(1) * 1e3, 1), round(decode(150) * 1e3, 1)        # ms: flat while memory-bound
+(3.3, 3.3)
+>>> round(decode(400) * 1e3, 2)                                   # compute-bound past the ridge
+8.1
+>>> round(ridge_batch(gpu, model))                                # tokens per step at the ridge
+165
+>>> round(step_seconds(gpu, model, [(2048, 2048)]) * 1e3, 1)      # one 2,048-token prefill
+42.9
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from spec.kv_budget import kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """Peak HBM bandwidth (bytes/s) and dense bf16 matrix throughput (FLOP/s)."""
+
+    name: str
+    hbm_bytes_per_s: float
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What a step of this model moves and computes."""
+
+    name: str
+    weight_bytes: float
+    params: float
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(
+            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype_bytes
+        )
+
+
+GPU_PRESETS = {"h200": Gpu("h200", hbm_bytes_per_s=4.8e12, flops_per_s=790e12)}
+MODEL_PRESETS = {
+    "llama-3.1-8b": ModelCost(
+        "llama-3.1-8b", weight_bytes=16e9, params=8e9, num_layers=32, num_heads=32,
+        num_kv_heads=8, head_dim=128,
+    )
+}  # fmt: skip
+
+
+def step_seconds(gpu: Gpu, model: ModelCost, work: Iterable[tuple[int, int]]) -> float:
+    """Time of one step that computes, for each ``(new_tokens, context)``, ``new_tokens`` tokens
+    of a sequence whose context is ``context`` tokens once they are in (so ``new <= context``).
+
+    Bytes: weights, plus every context token's K/V read and every new token's K/V written.
+    FLOPs: ``2 x params`` per new token, plus ``4 x layers x heads x head_dim`` per
+    (query, visible key) pair.
+    """
+    tokens = kv_read = pairs = 0
+    for new, context in work:
+        if not 0 < new <= context:
+            raise ValueError(f"need 0 < new_tokens <= context, got ({new}, {context})")
+        tokens += new
+        kv_read += context
+        past = context - new
+        pairs += new * past + new * (new + 1) // 2  # causal: query i sees past + i + 1 keys
+    if tokens == 0:
+        return 0.0
+    bytes_moved = model.weight_bytes + (kv_read + tokens) * model.kv_bytes_per_token
+    attn = 4 * model.num_layers * model.num_heads * model.head_dim
+    flops = 2 * model.params * tokens + attn * pairs
+    return max(bytes_moved / gpu.hbm_bytes_per_s, flops / gpu.flops_per_s)
+
+
+def ridge_batch(gpu: Gpu, model: ModelCost) -> float:
+    """Tokens per step at which the weights' arithmetic takes as long as streaming them."""
+    return model.weight_bytes / gpu.hbm_bytes_per_s * gpu.flops_per_s / (2 * model.params)

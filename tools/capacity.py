@@ -1,0 +1,261 @@
+"""How many sequences fit: contiguous max-length reservation against paging.
+
+Run ``python -m tools.capacity`` for the seeds' two worked examples, or pick a
+preset and override any number (``--help``). The arithmetic is
+:mod:`spec.kv_budget`'s; this module adds model presets, a device budget and a
+report.
+
+A Llama-3.1-8B-class model costs 128 KiB of KV per token, and a 200-token
+request inside a 4,096-token contiguous reservation wastes over 95% of it:
+
+>>> r = capacity(PRESETS["llama-3.1-8b"], context=200, max_len=4096, pool_bytes=512 * MIB)
+>>> r.kv_bytes_per_token // KIB, round(r.contiguous_waste, 4)
+(128, 0.9512)
+>>> r.contiguous_fit, r.paged_fit        # 512 MiB: one 512 MiB reservation, or 19 such requests
+(1, 19)
+
+The seeds' hybrid 27B example: 64 KiB per token over its 16 full-attention
+layers, 16 GiB at the full 262,144-token context; the 23,859 MiB pool holds one
+maximum reservation but ten 32,768-token sessions of 2,192 MiB (2 GiB of KV plus
+144 MiB of fixed state):
+
+>>> r = capacity(PRESETS["hybrid-27b"])
+>>> r.kv_bytes_per_token // KIB, r.max_len * r.kv_bytes_per_token // GIB
+(64, 16)
+>>> r.paged_seq_bytes // MIB, r.contiguous_fit, r.paged_fit
+(2192, 1, 10)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from spec.errors import SpecError
+from spec.kv_budget import (
+    GIB,
+    KIB,
+    MIB,
+    contiguous_waste_fraction,
+    kv_bytes_per_token,
+    sequence_bytes,
+    sequences_that_fit,
+)
+
+__all__ = ["PRESETS", "Capacity", "ModelKV", "capacity", "format_bytes", "main"]
+
+
+@dataclass(frozen=True)
+class ModelKV:
+    """A model's KV geometry, its fixed per-sequence state, and a seed scenario to size.
+
+    ``num_layers`` counts only the layers that cache K and V (a hybrid model's
+    linear-attention layers keep ``state_bytes`` per sequence instead).
+    """
+
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    state_bytes: int = 0
+    context: int = 4096  # the context a typical sequence reaches
+    max_len: int = 4096  # what a contiguous allocator must reserve
+    pool_bytes: int = 0  # KV memory left on the device after weights and reserve
+    block_size: int = 16
+
+
+# An H200 (141 GB) at 90% memory utilization, less 16 GB of bf16 weights.
+_H200_8B_POOL = int(141e9 * 0.9) - 16 * 10**9
+
+PRESETS: dict[str, ModelKV] = {
+    "llama-3.1-8b": ModelKV(
+        "llama-3.1-8b", num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2,
+        context=200, max_len=4096, pool_bytes=_H200_8B_POOL,
+    ),
+    "hybrid-27b": ModelKV(
+        "hybrid-27b", num_layers=16, num_kv_heads=4, head_dim=256, dtype_bytes=2,
+        state_bytes=144 * MIB, context=32_768, max_len=262_144, pool_bytes=23_859 * MIB,
+    ),
+}  # fmt: skip
+"""The seeds' models. The 27B's 4 KV heads x 256 is one split of its 64 KiB per token."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a pool holds for one model: per token, per block, per sequence, sequences."""
+
+    model: str
+    block_size: int
+    context: int
+    max_len: int
+    pool_bytes: int
+    kv_bytes_per_token: int
+    bytes_per_block: int
+    pool_blocks: int
+    contiguous_seq_bytes: int
+    paged_seq_bytes: int
+    contiguous_fit: int
+    paged_fit: int
+    contiguous_waste: float  # share of a max reservation a ``context`` sequence leaves empty
+
+    @property
+    def gain(self) -> float:
+        """How many times more sequences paging fits."""
+        return self.paged_fit / self.contiguous_fit if self.contiguous_fit else float("inf")
+
+
+def capacity(
+    model: ModelKV,
+    *,
+    context: int | None = None,
+    max_len: int | None = None,
+    pool_bytes: int | None = None,
+    block_size: int | None = None,
+) -> Capacity:
+    """Size ``model``'s pool; any keyword overrides the preset's scenario."""
+    m = replace(
+        model,
+        context=model.context if context is None else context,
+        max_len=model.max_len if max_len is None else max_len,
+        pool_bytes=model.pool_bytes if pool_bytes is None else pool_bytes,
+        block_size=model.block_size if block_size is None else block_size,
+    )
+    if not 1 <= m.context <= m.max_len:
+        raise ValueError(f"context must be in 1..max_len ({m.max_len}), got {m.context}")
+    if m.pool_bytes < 0:
+        raise ValueError(f"pool_bytes must be >= 0, got {m.pool_bytes}")
+    per_token = kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype_bytes)
+    contiguous = sequence_bytes(m.max_len, per_token, state_bytes=m.state_bytes)
+    paged = sequence_bytes(m.context, per_token, block_size=m.block_size, state_bytes=m.state_bytes)
+    return Capacity(
+        model=m.name,
+        block_size=m.block_size,
+        context=m.context,
+        max_len=m.max_len,
+        pool_bytes=m.pool_bytes,
+        kv_bytes_per_token=per_token,
+        bytes_per_block=per_token * m.block_size,
+        pool_blocks=m.pool_bytes // (per_token * m.block_size),
+        contiguous_seq_bytes=contiguous,
+        paged_seq_bytes=paged,
+        contiguous_fit=sequences_that_fit(m.pool_bytes, contiguous),
+        paged_fit=sequences_that_fit(m.pool_bytes, paged),
+        contiguous_waste=contiguous_waste_fraction(m.context, m.max_len),
+    )
+
+
+def format_bytes(n: int) -> str:
+    """The largest binary unit that shows ``n`` exactly, else two decimals.
+
+    >>> format_bytes(128 * KIB), format_bytes(2192 * MIB), format_bytes(16 * GIB)
+    ('128 KiB', '2,192 MiB', '16 GiB')
+    >>> format_bytes(1536 * MIB + 1), format_bytes(100)
+    ('1.50 GiB', '100 B')
+    """
+    units = [("GiB", GIB), ("MiB", MIB), ("KiB", KIB)]
+    for name, size in units:
+        if n >= size and n % size == 0:
+            return f"{n // size:,} {name}"
+    for name, size in units:
+        if n >= size:
+            return f"{n / size:,.2f} {name}"
+    return f"{n:,} B"
+
+
+def report(c: Capacity) -> str:
+    """The human-readable table ``python -m tools.capacity`` prints."""
+    rows = [
+        ("KV per token", format_bytes(c.kv_bytes_per_token)),
+        (f"KV per block (B={c.block_size})", format_bytes(c.bytes_per_block)),
+        ("pool", f"{format_bytes(c.pool_bytes)} = {c.pool_blocks:,} blocks"),
+        (
+            f"contiguous, reserve {c.max_len:,}",
+            f"{format_bytes(c.contiguous_seq_bytes)} per sequence -> {c.contiguous_fit:,} fit",
+        ),
+        (
+            f"paged, context {c.context:,}",
+            f"{format_bytes(c.paged_seq_bytes)} per sequence -> {c.paged_fit:,} fit"
+            f" ({c.gain:.1f}x)",
+        ),
+        (
+            "reservation left empty",
+            f"{c.contiguous_waste:.1%} (a {c.context:,}-token sequence in {c.max_len:,} slots)",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([f"== {c.model}"] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.capacity", description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=sorted(PRESETS), action="append", help="preset (repeatable)")
+    p.add_argument("--layers", type=int, help="layers that cache K/V")
+    p.add_argument("--kv-heads", type=int)
+    p.add_argument("--head-dim", type=int)
+    p.add_argument("--dtype-bytes", type=int, help="2 for bf16/fp16, 1 for fp8")
+    p.add_argument("--state-mib", type=float, help="fixed per-sequence state, MiB")
+    p.add_argument("--context", type=int, help="tokens a sequence actually holds")
+    p.add_argument("--max-len", type=int, help="tokens a contiguous allocator reserves")
+    p.add_argument("--block-size", type=int)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--pool-mib", type=float, help="KV pool size, MiB")
+    budget.add_argument(
+        "--device-gb",
+        type=float,
+        help="device memory, GB; the pool is device x --utilization - --weights-gb",
+    )
+    p.add_argument("--weights-gb", type=float, default=16.0)
+    p.add_argument("--utilization", type=float, default=0.9)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def _pick(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _model_from_args(base: ModelKV, a: argparse.Namespace) -> ModelKV:
+    pool = base.pool_bytes
+    if a.pool_mib is not None:
+        pool = int(a.pool_mib * MIB)
+    elif a.device_gb is not None:
+        pool = int(a.device_gb * 1e9 * a.utilization - a.weights_gb * 1e9)
+    state = base.state_bytes if a.state_mib is None else int(a.state_mib * MIB)
+    return replace(
+        base,
+        num_layers=_pick(a.layers, base.num_layers),
+        num_kv_heads=_pick(a.kv_heads, base.num_kv_heads),
+        head_dim=_pick(a.head_dim, base.head_dim),
+        dtype_bytes=_pick(a.dtype_bytes, base.dtype_bytes),
+        state_bytes=state,
+        context=_pick(a.context, base.context),
+        max_len=_pick(a.max_len, base.max_len),
+        block_size=_pick(a.block_size, base.block_size),
+        pool_bytes=pool,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the capacity of each chosen preset (default: every preset)."""
+    args = _parser().parse_args(argv)
+    try:
+        results = [
+            capacity(_model_from_args(PRESETS[name], args))
+            for name in (args.model or list(PRESETS))
+        ]
+    except (ValueError, SpecError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([asdict(r) | {"gain": r.gain} for r in results], indent=2))
+    else:
+        print("\n\n".join(report(r) for r in results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Simulate serving: static against continuous batching, contiguous against paged KV memory.
+
+``python -m tools.simulate`` serves one synthetic trace (Poisson arrivals,
+ShareGPT-like lengths) three ways on the spec's own schedulers and block
+manager, timing each step with a roofline model of an 8B model on an
+H200-class GPU (see ``tools/_sim_cost.py``), and does so at several request
+rates. It writes ``results.json`` and three PNG figures into ``--out``
+(default ``out/simulate``) and prints:
+
+* the throughput of continuous batching (paged) over static batching, and the
+  split of that gain into scheduling (continuous over static, both reserving
+  the maximum) and memory (paged over contiguous, both continuous);
+* KV utilization of paged against contiguous memory: the share of the pool's
+  slots that hold a token's KV, averaged over the time in which requests were
+  waiting (when memory, not demand, limits the batch).
+
+The policies, their shared loop and the metrics are in ``tools/_sim_run.py``;
+traffic presets and trace files in ``tools/_sim_traffic.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spec.errors import SpecError
+from spec.kv_budget import GIB
+from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS
+from tools._sim_run import POLICIES, EngineConfig, Timeline, run
+from tools._sim_traffic import LENGTH_PRESETS, TraceRequest, load_trace, poisson_trace
+
+__all__ = ["SimConfig", "main", "simulate", "write_outputs"]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything a simulation depends on; ``results.json`` records it."""
+
+    traffic: str = "sharegpt"  # a LENGTH_PRESETS name, or a trace file's path
+    num_requests: int = 300
+    rates: tuple[float, ...] = (4.0, 8.0, 16.0, 32.0, 64.0)  # the last is the main run's
+    seed: int = 0
+    gpu: str = "h200"
+    model: str = "llama-3.1-8b"
+    kv_pool_gib: float = 4.0
+    block_size: int = 16
+    max_model_len: int = 2048
+    max_num_seqs: int = 512
+    max_num_batched_tokens: int = 2048
+    member_steps: int = 1500  # steps of batch membership to record for the figure
+    timeline_points: int = 400
+
+    def engine(self) -> EngineConfig:
+        model = MODEL_PRESETS[self.model]
+        return EngineConfig(
+            gpu=GPU_PRESETS[self.gpu],
+            model=model,
+            pool_tokens=int(self.kv_pool_gib * GIB) // model.kv_bytes_per_token,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+    def trace(self, rate: float) -> list[TraceRequest]:
+        """The trace at ``rate`` requests/s: the same lengths at every rate.
+
+        A trace file keeps its own lengths and the shape of its arrivals, stretched
+        in time so that its mean rate is ``rate``.
+        """
+        if self.traffic in LENGTH_PRESETS:
+            return poisson_trace(LENGTH_PRESETS[self.traffic], rate, self.num_requests, self.seed)
+        base = load_trace(Path(self.traffic))[: self.num_requests]
+        span = base[-1].arrival
+        scale = len(base) / (span * rate) if span > 0 else 0.0  # the trace's rate / rate
+        return [replace(r, arrival=r.arrival * scale) for r in base]
+
+
+def _job(
+    policy: str, rate: float, cfg: SimConfig, main_run: bool, quiet: bool
+) -> tuple[str, float, dict[str, Any], Timeline | None]:
+    """One run; top-level so that worker processes can pickle it."""
+
+    def progress(done: int, total: int, clock: float) -> None:
+        if not quiet:
+            print(
+                f"  {policy:>10} @ {rate:g}/s: {done}/{total} done, t={clock:.1f}s", file=sys.stderr
+            )
+
+    members = cfg.member_steps if main_run else 0
+    metrics, tl = run(
+        policy, cfg.trace(rate), cfg.engine(), member_steps=members, progress=progress
+    )
+    return policy, rate, metrics, tl if main_run else None
+
+
+def simulate(cfg: SimConfig, *, jobs: int = 1, quiet: bool = True) -> dict[str, Any]:
+    """Every policy at every rate; the last rate's runs also keep their timelines."""
+    if not cfg.rates or min(cfg.rates) <= 0:
+        raise ValueError(f"rates must be positive, got {cfg.rates}")
+    main_rate = cfg.rates[-1]
+    tasks = [(p, r, cfg, r == main_rate, quiet) for r in reversed(cfg.rates) for p in POLICIES]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(_job, *zip(*tasks, strict=True)))
+    else:
+        done = [_job(*t) for t in tasks]
+    by_key = {(p, r): (m, tl) for p, r, m, tl in done}
+    main_runs = {p: by_key[p, main_rate] for p in POLICIES}
+    results: dict[str, Any] = {
+        "config": asdict(cfg) | {"pool_tokens": cfg.engine().pool_tokens},
+        "main": {"rate": main_rate, "runs": {p: m for p, (m, _) in main_runs.items()}},
+        "sweep": {
+            "rates": list(cfg.rates),
+            "runs": {p: [by_key[p, r][0] for r in cfg.rates] for p in POLICIES},
+        },
+        "timelines": {
+            p: _downsample(tl, cfg.timeline_points) for p, (_, tl) in main_runs.items() if tl
+        },
+        "membership": {
+            p: {str(rid): runs for rid, runs in main_runs[p][1].members.items()}  # type: ignore[union-attr]
+            for p in ("static", "paged")
+        },
+    }
+    results["summary"] = summary(results)
+    return results
+
+
+def summary(results: dict[str, Any]) -> dict[str, float | None]:
+    """The headline ratios of the main run."""
+    runs = results["main"]["runs"]
+    tput = {p: runs[p]["throughput_tok_s"] for p in POLICIES}
+    return {
+        "continuous_over_static_throughput": tput["paged"] / tput["static"],
+        "scheduling_gain": tput["contiguous"] / tput["static"],
+        "memory_gain": tput["paged"] / tput["contiguous"],
+        "paged_kv_utilization": runs["paged"]["kv_util_under_pressure"],
+        "contiguous_kv_utilization": runs["contiguous"]["kv_util_under_pressure"],
+    }
+
+
+def _downsample(tl: Timeline, points: int) -> dict[str, list[float]]:
+    """Average the per-step series over ``points`` equal time bins (empty bins dropped)."""
+    end = np.asarray(tl.end)
+    bins = np.minimum((end / end[-1] * points).astype(int), points - 1)
+    out: dict[str, list[float]] = {"t": [], "kv_util": [], "batch": []}
+    counts = np.bincount(bins, minlength=points)
+    keep = counts > 0
+    for key, series in (("t", end), ("kv_util", tl.kv_util), ("batch", tl.batch)):
+        sums = np.bincount(bins, weights=np.asarray(series, dtype=float), minlength=points)
+        out[key] = [round(float(x), 6) for x in sums[keep] / counts[keep]]
+    return out
+
+
+def write_outputs(results: dict[str, Any], out_dir: Path, *, plots: bool = True) -> list[Path]:
+    """``results.json`` and (unless ``plots`` is false) the figures; return the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    written = [path]
+    if plots:
+        from tools._sim_plots import draw_all  # matplotlib only when drawing
+
+        written += draw_all(results, out_dir)
+    return written
+
+
+def _pct(u: float | None) -> str:
+    return "n/a (never under pressure)" if u is None else f"{u:.1%}"
+
+
+def headline(results: dict[str, Any]) -> str:
+    """The lines ``python -m tools.simulate`` prints."""
+    s, runs = results["summary"], results["main"]["runs"]
+    util = {p: runs[p]["kv_util_under_pressure"] for p in ("paged", "contiguous")}
+    rows = [
+        f"main run: {results['main']['rate']:g} requests/s, {results['config']['num_requests']} "
+        f"requests, {results['config']['traffic']}",
+    ]
+    for p in POLICIES:
+        r = runs[p]
+        rows.append(
+            f"  {p:>10}: {r['throughput_tok_s']:>9,.0f} tok/s  TTFT p50/p99 "
+            f"{r['ttft_p50_s']:.3f}/{r['ttft_p99_s']:.3f} s  ITL p50/p99 "
+            f"{r['itl_p50_s'] * 1e3:.1f}/{r['itl_p99_s'] * 1e3:.1f} ms  "
+            f"preemptions {r['preemptions']}"
+        )
+    rows += [
+        f"continuous/static throughput: {s['continuous_over_static_throughput']:.2f}x "
+        f"(scheduling {s['scheduling_gain']:.2f}x, paging {s['memory_gain']:.2f}x)",
+        f"KV utilization while requests wait: paged {_pct(util['paged'])}, "
+        f"contiguous {_pct(util['contiguous'])}",
+    ]
+    return "\n".join(rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = SimConfig()
+    p = argparse.ArgumentParser(prog="python -m tools.simulate", description=__doc__.split("\n")[0])
+    p.add_argument("--traffic", default=d.traffic, help=f"{sorted(LENGTH_PRESETS)} or a trace file")
+    p.add_argument("--num-requests", type=int, default=d.num_requests)
+    p.add_argument(
+        "--rates",
+        default=",".join(f"{r:g}" for r in d.rates),
+        help="requests/s, comma-separated; the last is the main run",
+    )
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--kv-pool-gib", type=float, default=d.kv_pool_gib)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--out", type=Path, default=Path("out/simulate"))
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = SimConfig(
+            traffic=args.traffic,
+            num_requests=args.num_requests,
+            rates=tuple(float(r) for r in args.rates.split(",")),
+            seed=args.seed,
+            kv_pool_gib=args.kv_pool_gib,
+            block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+        cfg.trace(cfg.rates[-1])  # fail early on a bad trace, preset or pool
+        for policy in POLICIES:
+            cfg.engine().scheduler(policy)
+        start = time.monotonic()
+        results = simulate(cfg, jobs=args.jobs, quiet=args.quiet)
+    except (ValueError, OSError, SpecError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    paths = write_outputs(results, args.out, plots=not args.no_plots)
+    print(headline(results))
+    print(f"wrote {', '.join(str(p) for p in paths)} in {time.monotonic() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
