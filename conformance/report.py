@@ -114,6 +114,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
 
 
 def write_json(result: RunResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(json_report(result), indent=2) + "\n")
 
 
@@ -149,4 +150,5 @@ def write_junit(result: RunResult, path: Path) -> None:
             ET.SubElement(suite, "testcase", classname=classname, name=why), "skipped"
         )
         skipped.set("message", why)
+    path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

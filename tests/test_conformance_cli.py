@@ -22,7 +22,7 @@ BROKEN = "conformance.planted:WritesPaddingSlot"
 def test_reference_conforms_and_writes_both_reports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    report, junit = tmp_path / "r.json", tmp_path / "new" / "dir" / "r.xml"  # dirs made
     argv = [
         "run",
         "--backend",
