@@ -44,6 +44,11 @@ def paged_attention(
         raise InvalidRequestError(
             f"query has shape {query.shape}, expected [{batch.num_tokens}, H, {head_dim}]"
         )
+    if batch.block_size != memory.shape[1]:
+        raise InvalidRequestError(
+            f"the batch was laid out for block size {batch.block_size}, "
+            f"but the KV memory has blocks of {memory.shape[1]}"
+        )
     num_heads = query.shape[1]
     if num_heads % num_kv_heads:
         raise InvalidRequestError(f"{num_heads} query heads do not divide into {num_kv_heads}")

@@ -17,9 +17,13 @@ blocks and wastes 12 slots.
 >>> m.tail_waste(0)
 12
 
-Forking that 20-token sequence into a beam of width 4 before any divergence
-shares both blocks: 2 physical blocks are held, where cloning would take 8.
+Once the step that computes those 20 tokens is laid out (:meth:`BlockManager.take_copies`
+marks that boundary; :func:`spec.batch.build_batch` calls it), forking the
+sequence into a beam of width 4 before any divergence shares both blocks:
+2 physical blocks are held, where cloning would take 8.
 
+>>> m.take_copies()              # the step's batch is built: nothing to copy this time
+[]
 >>> for child in (1, 2, 3):
 ...     m.fork(0, child)
 >>> m.pool.num_held, sum(len(m.block_table(s)) for s in m.sequence_ids())
@@ -62,6 +66,7 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)  # every token that has a slot
     hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
     extra_keys: tuple[Hashable, ...] = ()
+    num_committed: int = 0  # tokens laid out in a step already: their KV is (being) written
 
 
 @dataclass
@@ -178,6 +183,7 @@ class BlockManager:
             seq.tokens = list(prompt[: len(seq.table) * self.block_size])
             self.prefix_stats.queried_tokens += len(prompt)
             self.prefix_stats.hit_tokens += len(seq.tokens)
+        seq.num_committed = len(seq.tokens)  # cached blocks already hold their KV
         self._seqs[seq_id] = seq
         return len(seq.tokens)
 
@@ -211,14 +217,27 @@ class BlockManager:
 
         Nothing is copied now; each shared block gains a holder. A later write
         into a shared block copies that one block (see :meth:`append_slots`).
+
+        A fork happens between steps: every token of the parent must already be
+        laid out in a batch (:meth:`take_copies`), because a copy runs before
+        its step's KV writes and would miss the parent's tokens of that step.
         """
         parent = self._get(parent_id)
         if child_id in self._seqs:
             raise DuplicateSequenceError(f"sequence {child_id} already exists")
+        if parent.num_committed != len(parent.tokens):
+            raise InvalidRequestError(
+                f"sequence {parent_id} has {len(parent.tokens) - parent.num_committed} tokens "
+                "appended in the current step: fork after the step's batch is built"
+            )
         for block in parent.table:
             self.pool.incref(block)
         self._seqs[child_id] = _Sequence(
-            list(parent.table), list(parent.tokens), list(parent.hashes), parent.extra_keys
+            list(parent.table),
+            list(parent.tokens),
+            list(parent.hashes),
+            parent.extra_keys,
+            parent.num_committed,
         )
 
     def free(self, seq_id: int) -> None:
@@ -229,6 +248,10 @@ class BlockManager:
         likely to be reused.
         """
         seq = self._get(seq_id)
+        mine = set(seq.table)
+        for src, dst in [c for c in self._pending_copies if c[1] in mine]:
+            self._pending_copies.remove((src, dst))  # nobody will read the copy: drop it
+            self.pool.decref(src)
         for block in reversed(seq.table):
             self.pool.decref(block)
         del self._seqs[seq_id]
@@ -243,6 +266,8 @@ class BlockManager:
         copies, self._pending_copies = self._pending_copies, []
         for src, _ in copies:
             self.pool.decref(src)
+        for seq in self._seqs.values():
+            seq.num_committed = len(seq.tokens)
         return copies
 
     def reset_prefix_cache(self) -> None:
@@ -262,9 +287,12 @@ class BlockManager:
             assert len(seq.hashes) == len(seq.tokens) // self.block_size
             for block in seq.table:
                 holders[block] = holders.get(block, 0) + 1
+        dsts = [dst for _, dst in self._pending_copies]
+        assert len(set(dsts)) == len(dsts), f"two pending copies share a destination: {dsts}"
         for src, dst in self._pending_copies:
             holders[src] = holders.get(src, 0) + 1
             assert dst not in {s for s, _ in self._pending_copies}, f"block {dst} is src and dst"
+            assert holders.get(dst, 0) > 0, f"pending copy into block {dst}, which nobody holds"
         self.pool.check_integrity(holders)
 
     # -- internals ------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Every invalid operation raises one of these *before* touching any state, so a
 caller that catches the error can keep using the object as if the call never
-happened. Each class names one kind of misuse; the message names the offending
-value.
+happened. The one thing a failed allocation does record is itself: the
+``num_allocation_failures`` metric counts it. Each class names one kind of
+misuse; the message names the offending value.
 """
 
 from __future__ import annotations

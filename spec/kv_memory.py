@@ -81,6 +81,13 @@ class KVMemory:
     def gather(self, layer: int, block_table: Sequence[int], num_tokens: int) -> tuple[F64, F64]:
         """A sequence's K and V in logical order, ``[num_tokens, num_kv_heads, head_dim]``."""
         self._check_layer(layer)
+        used = block_table[: -(-num_tokens // self.shape[1])]
+        bad = [b for b in used if not 0 <= b < self.shape[0]]
+        if bad:
+            raise UnknownBlockError(
+                f"block table entry {bad[0]} is outside 0..{self.shape[0] - 1} "
+                "(padding must never be dereferenced)"
+            )
         slots = token_slots(block_table, num_tokens, self.shape[1])
         return self._flat(self.k[layer])[slots], self._flat(self.v[layer])[slots]
 

@@ -68,6 +68,7 @@ class RequestTimeline:
     token_steps: dict[int, list[int]] = field(default_factory=dict)  # sample -> steps
     finish_step: int | None = None
     preemptions: int = 0
+    aborted: bool = False
 
     @property
     def first_token_step(self) -> int | None:
@@ -114,7 +115,7 @@ class ClassSummary:
     """Means over the finished requests of one class (``None`` where nothing was measured)."""
 
     request_class: str
-    num_requests: int
+    num_requests: int  # finished normally: the means below are over these
     preemptions: int
     queue_delay_steps: float | None
     ttft_steps: float | None
@@ -122,6 +123,7 @@ class ClassSummary:
     queue_delay_seconds: float | None = None
     ttft_seconds: float | None = None
     itl_seconds: float | None = None
+    num_aborted: int = 0  # left early: counted here, not in the means
 
 
 def _mean(values: Sequence[float | int | None]) -> float | None:
@@ -152,17 +154,25 @@ class MetricsRecorder:
     def on_preempt(self, request_id: int) -> None:
         self.timelines[request_id].preemptions += 1
 
-    def on_finish(self, request_id: int, *, step: int) -> None:
+    def on_finish(self, request_id: int, *, step: int, aborted: bool = False) -> None:
         self.timelines[request_id].finish_step = step
+        self.timelines[request_id].aborted = aborted
 
     def add_step(self, stats: StepStats) -> None:
         self.steps.append(stats)
 
     def summarize(self, step_end_times: Sequence[float] | None = None) -> list[ClassSummary]:
-        """Per request class, over finished requests; seconds too when ``step_end_times``."""
+        """Per request class, over finished requests; seconds too when ``step_end_times``.
+
+        Aborted requests are counted apart and kept out of the means.
+        """
         by_class: dict[str, list[RequestTimeline]] = {}
+        aborted: dict[str, int] = {}
         for t in self.timelines.values():
-            if t.finish_step is not None:
+            if t.finish_step is not None and t.aborted:
+                aborted[t.request_class] = aborted.get(t.request_class, 0) + 1
+                by_class.setdefault(t.request_class, [])
+            elif t.finish_step is not None:
                 by_class.setdefault(t.request_class, []).append(t)
         out = []
         for name in sorted(by_class):
@@ -181,6 +191,7 @@ class MetricsRecorder:
                     else None,
                     ttft_seconds=_mean([t.ttft_seconds(ends) for t in ts]) if ends else None,
                     itl_seconds=_mean([t.itl_seconds(ends) for t in ts]) if ends else None,
+                    num_aborted=aborted.get(name, 0),
                 )
             )
         return out

@@ -17,7 +17,7 @@ memory must never change under a reader.
 True
 >>> h1 == block_hash(block_hash(None, [9, 2, 3, 4]), [5, 6, 7, 8])   # same block, other prefix
 False
->>> block_hash(None, [1, 2, 3, 4], extra_keys=("lora-a",)) == h0
+>>> block_hash(None, [1, 2, 3, 4], extra_keys=(("lora", "a"),)) == h0
 False
 >>> len(prompt_block_hashes(list(range(10)), block_size=4))   # 2 full blocks; 2 tokens left over
 2
@@ -37,10 +37,14 @@ def block_hash(
     """SHA-256 of (parent hash, token ids, extra keys), in a canonical text form.
 
     SHA-256 rather than Python's ``hash``: it is stable across processes and
-    resistant to crafted collisions, and the type tags in the encoding keep
-    token ids and extra keys from colliding with each other.
+    resistant to crafted collisions. Token ids are normalised to ``int`` (a
+    numpy integer names the same token). Extra keys are encoded by ``repr``, so
+    they should be plain values whose ``repr`` is stable, and each should carry
+    its domain, e.g. ``("lora", "x")`` rather than ``"x"``, so that a LoRA
+    named ``x`` and a cache salt ``x`` do not share blocks.
     """
-    encoded = repr((parent.hex() if parent else "", tuple(token_ids), tuple(extra_keys)))
+    tokens = tuple(int(t) for t in token_ids)
+    encoded = repr((parent.hex() if parent else "", tokens, tuple(extra_keys)))
     return hashlib.sha256(encoded.encode()).digest()
 
 

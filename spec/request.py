@@ -99,6 +99,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     forked: bool = False  # True once the request's samples exist (always True when n == 1)
     host_blocks: list[int] = field(default_factory=list)
+    preempted: bool = False  # preempted and not yet back: its return is reported as resumed
 
     @property
     def num_generated(self) -> int:

@@ -302,7 +302,7 @@ class ContinuousScheduler:
             self._release(seq)
             seq.status = SeqStatus.ABORTED
         self._results[request_id] = self._result(request_id, aborted=True)
-        self._metrics.on_finish(request_id, step=self._step)
+        self._metrics.on_finish(request_id, step=self._step, aborted=True)
         self._aborted.append(request_id)
 
     def has_unfinished(self) -> bool:
@@ -394,6 +394,7 @@ class ContinuousScheduler:
             self._manager.free(seq.seq_id)
             seq.reset_for_recompute()
             self._waiting.append(seq)
+        seq.preempted = True
         plan.preempted.append(seq.seq_id)
         self._metrics.on_preempt(seq.request.request_id)
 
@@ -462,6 +463,7 @@ class ContinuousScheduler:
         seq.host_blocks = []
         self._swapped.remove(seq)
         seq.status = SeqStatus.RUNNING
+        seq.preempted = False
         self._running.append(seq)
         plan.resumed.append(seq.seq_id)
         self._schedule(seq, k, plan)
@@ -471,7 +473,8 @@ class ContinuousScheduler:
         self._waiting.remove(seq)
         seq.status = SeqStatus.RUNNING
         self._running.append(seq)
-        if seq.num_generated > 0 or seq.sample_index > 0:
+        if seq.preempted:
+            seq.preempted = False
             plan.resumed.append(seq.seq_id)
 
     # -- step, part 3: the batch -------------------------------------------------------

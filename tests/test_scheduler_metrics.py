@@ -46,7 +46,46 @@ def test_metrics_match_the_run(w: Workload) -> None:
         assert t.ttft_seconds(ends) == length * t.ttft_steps
         if t.itl_steps is not None:
             assert abs(t.itl_seconds(ends) - length * t.itl_steps) < 1e-9  # type: ignore[operator]
-    by_class = {c.request_class: c.num_requests for c in sched.metrics.summarize(ends)}
+    by_class = {
+        c.request_class: (c.num_requests, c.num_aborted) for c in sched.metrics.summarize(ends)
+    }
     for name in {r.request_class for r in w.requests}:
-        want = sum(r.request_class == name for r in w.requests)
-        assert by_class.get(name, 0) == want
+        ids = [r.request_id for r in w.requests if r.request_class == name]
+        aborted = sum(report.results[i].aborted for i in ids)
+        assert by_class.get(name, (0, 0)) == (len(ids) - aborted, aborted)
+
+
+def test_every_preempted_sequence_is_reported_when_it_resumes() -> None:
+    """Also one preempted by recomputation mid-prefill, before it generated anything."""
+    from spec.request import Request
+
+    s = ContinuousScheduler(
+        SchedulerConfig(num_blocks=3, block_size=2, max_num_batched_tokens=8, max_chunk_tokens=2)
+    )
+    s.submit(Request(0, (1, 2, 3), max_new_tokens=3))
+    s.submit(Request(1, (4, 5, 6, 7, 8), max_new_tokens=1))
+    preempted: list[int] = []
+    resumed: list[int] = []
+    while s.has_unfinished():
+        out = s.step()
+        preempted += out.preempted
+        resumed += out.resumed
+        s.update({x.seq_id: 9 for x in out.samples})
+    assert preempted, "the workload is meant to preempt"
+    assert sorted(preempted) == sorted(resumed)
+
+
+def test_aborted_requests_are_counted_apart_from_the_means() -> None:
+    from spec.request import Request
+
+    s = ContinuousScheduler(SchedulerConfig(num_blocks=8, block_size=2))
+    s.submit(Request(0, (1, 2), max_new_tokens=2))
+    s.submit(Request(1, (3, 4), max_new_tokens=5))
+    out = s.step()
+    s.update({x.seq_id: 9 for x in out.samples})
+    s.abort(1)
+    while s.has_unfinished():
+        out = s.step()
+        s.update({x.seq_id: 9 for x in out.samples})
+    (summary,) = s.metrics.summarize()
+    assert (summary.num_requests, summary.num_aborted) == (1, 1)

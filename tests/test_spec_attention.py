@@ -128,3 +128,21 @@ def test_reference_backend_satisfies_the_protocol() -> None:
     assert Capabilities("x", max_gqa_ratio=2).unsupported(geometry, num_heads=8) == ["GQA ratio 4"]
     with pytest.raises(InvalidRequestError, match="dtype"):
         KVGeometry(1, 1, 1, 1, 1, dtype="int8")
+
+
+def test_reference_refuses_a_batch_laid_out_for_another_block_size() -> None:
+    """The manager's block size passed where the memory's was meant: a known bug class."""
+    m = BlockManager(4, 4)
+    m.add_sequence(0, [1, 2, 3])
+    m.append_slots(0, [1, 2, 3])
+    mem = KVMemory(1, 8, 2, 1, 1)
+    with pytest.raises(InvalidRequestError, match="block size 4"):
+        paged_attention(np.zeros((3, 1, 1)), build_batch(m, [(0, 3)]), mem, layer=0)
+
+
+@pytest.mark.parametrize("table", [[0, PAD_BLOCK], [0, 2]])
+def test_gather_never_dereferences_padding_or_unknown_blocks(table: list[int]) -> None:
+    mem = KVMemory(1, 2, 2, 1, 1)
+    with pytest.raises(UnknownBlockError, match=r"outside 0\.\.1"):
+        mem.gather(0, table, num_tokens=3)
+    mem.gather(0, [1, PAD_BLOCK], num_tokens=2)  # padding past the used blocks is fine

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spec.block_manager import BlockManager
+from spec.errors import InvalidRequestError
 
 
 def _run(m: BlockManager, seq: int, prompt: list[int], extra: tuple[str, ...] = ()) -> int:
@@ -68,9 +71,46 @@ def test_last_writer_of_a_shared_block_writes_in_place() -> None:
     """Two forks write in one step: the first copies, the second owns the original."""
     m = BlockManager(8, 4)
     _run(m, 0, [1, 2])
+    m.take_copies()  # the prompt's step is laid out
     m.fork(0, 1)
     m.append_slots(1, [3])
     m.append_slots(0, [4])
     assert m.take_copies() == [(0, 1)]
     assert m.block_table(0) == (0,) and m.block_table(1) == (1,)
     m.check_integrity()
+
+
+def test_fork_waits_for_the_step_that_writes_the_parent() -> None:
+    """A copy runs before its step's writes, so a mid-step fork would copy unwritten slots."""
+    m = BlockManager(8, 4)
+    _run(m, 0, [1, 2])
+    with pytest.raises(InvalidRequestError, match="2 tokens appended in the current step"):
+        m.fork(0, 1)
+    assert m.sequence_ids() == [0]
+    m.take_copies()
+    m.fork(0, 1)
+    m.check_integrity()
+
+
+def test_freeing_a_sequence_drops_its_pending_copy() -> None:
+    """A freed writer's copy is never executed, and its destination cannot be doubly targeted."""
+    m = BlockManager(4, 4)
+    _run(m, 0, [1, 2])
+    m.take_copies()
+    m.fork(0, 1)
+    m.append_slots(0, [3])  # copy (0 -> 1) pending for sequence 0
+    m.free(0)
+    m.check_integrity()
+    m.fork(1, 2)
+    m.append_slots(2, [4])  # may reuse block 1 as a destination: only one copy targets it
+    copies = m.take_copies()
+    assert len({dst for _, dst in copies}) == len(copies) == 1
+    m.check_integrity()
+
+
+def test_numpy_token_ids_name_the_same_blocks() -> None:
+    import numpy as np
+
+    m = BlockManager(8, 4, enable_prefix_caching=True)
+    _run(m, 0, list(range(9)))
+    assert m.cached_prefix([np.int64(t) for t in range(9)]) == 8  # type: ignore[misc]
