@@ -133,6 +133,7 @@ def test_copy_on_write_beams_match_the_reference(make_backend: Callable[[], Back
     for b in (backend, ref):
         for layer in range(2):
             b.write_kv(layer, kv, -kv, prompt_slots)
+    assert m.take_copies() == []  # the prompt's step is done: now the beams may fork
     for child in (1, 2):
         m.fork(0, child)
     for seq in (0, 1, 2):

@@ -385,6 +385,17 @@ def test_slot_mapping_rejects_mismatched_metadata() -> None:
         )
 
 
+def test_slot_mapping_pads_with_minus_one_and_refuses_short_sizes() -> None:
+    tables = torch.tensor([[3, 1]], dtype=torch.int32)
+    qsl, lens = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    padded = compute_slot_mapping(tables, qsl, lens, 4, num_tokens=6, max_query_len=3)
+    assert padded.tolist() == [14, 15, 4, -1, -1, -1]  # positions 2, 3, 4; then padding
+    with pytest.raises(InvalidRequestError, match="num_tokens 2 is below the batch's 3"):
+        compute_slot_mapping(tables, qsl, lens, 4, num_tokens=2)
+    with pytest.raises(InvalidRequestError, match="max_query_len 1 is below"):
+        compute_slot_mapping(tables, qsl, lens, 4, max_query_len=1)
+
+
 def test_scenarios_poison_every_unwritten_slot() -> None:
     """Sanity: the scenario's never-written slots are NaN, so reading one would poison output."""
     s = make_scenario(0, [(2, 1)], block_size=4, num_kv_heads=1, group=1, head_dim=8)
@@ -434,4 +445,7 @@ def test_split_heuristic_fills_a_gpu_only_when_it_would_idle(
     assert splits(64, 1, 4096) == 1  # 512 programs already fill 132 SMs twice
     assert splits(1, 1, 512) == 1  # too short to pay for the merge
     assert splits(1, 512, 32768) == 1  # prefill tiles bring their own parallelism
-    assert choose_num_splits(1, 8, 32, 128, 1, 32768, torch.device("cpu")) == 1
+    cpu = torch.device("cpu")  # the interpreter: long decodes split so the CPU path covers it
+    assert choose_num_splits(1, 8, 32, 128, 1, 32768, cpu) == 4
+    assert choose_num_splits(1, 8, 32, 128, 1, 255, cpu) == 1
+    assert choose_num_splits(1, 8, 32, 128, 8, 32768, cpu) == 1  # prefill tiles: no split

@@ -442,8 +442,10 @@ def _plan(
     """Tile sizes, and how many KV splits: forced, or by the occupancy heuristic.
 
     Under the interpreter each program costs milliseconds per loop step, so
-    one fat program per (sequence, KV head) is best and splitting never pays.
-    On a GPU, decode tiles have 16 rows (the smallest ``tl.dot``) and prefill
+    one fat program per (sequence, KV head) is best; speed does not matter
+    there, coverage does, so a long decode (256+ keys) is split all the same,
+    so that the CPU path runs the split-KV kernel and its merge too. On a GPU,
+    decode tiles have 16 rows (the smallest ``tl.dot``) and prefill
     tiles 64; a decode batch that would leave the GPU idle (fewer programs than
     twice the SM count) with contexts of 1024+ keys is split so that it fills it.
     """
@@ -472,6 +474,8 @@ def _plan(
 
 
 def _auto_splits(programs: int, rows: int, max_seq_len: int, device: torch.device) -> int:
+    if device.type == "cpu":
+        return 1 if rows > 16 or max_seq_len < 256 else min(4, cdiv(max_seq_len, 128))
     if device.type != "cuda" or rows > 16 or max_seq_len < 1024:
         return 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())

@@ -48,12 +48,16 @@ def compute_slot_mapping(
     *,
     num_tokens: int | None = None,
     max_query_len: int | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Slots ``[num_tokens]`` (int64) for the batch, computed on the tables' device.
 
     ``block_tables`` is ``[S, W]`` int32, ``query_start_loc`` ``[S + 1]`` int32 and
     ``seq_lens`` ``[S]`` int32. ``num_tokens`` and ``max_query_len`` size the
-    output and the grid; pass them to avoid reading them back from the device.
+    output and the grid; a ``num_tokens`` above the batch's token count pads the
+    mapping with -1 (the padding slot). With ``check`` (the default) both are
+    checked against the metadata, which reads it back from the device; pass
+    ``check=False`` only with values known to be right.
     """
     tables = check_tensor("block_tables", block_tables, 2, (torch.int32,))
     qsl = check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
@@ -69,11 +73,20 @@ def compute_slot_mapping(
     check_device(tables.device, ("query_start_loc", qsl), ("seq_lens", lens))
     if tables.stride(1) != 1 or not qsl.is_contiguous() or not lens.is_contiguous():
         raise InvalidRequestError("block_tables rows, query_start_loc and seq_lens must be dense")
-    if num_tokens is None:
-        num_tokens = int(qsl[-1])
-    if max_query_len is None:
-        max_query_len = int((qsl[1:] - qsl[:-1]).max()) if num_seqs else 0
-    out = torch.empty(num_tokens, dtype=torch.int64, device=tables.device)
+    if num_tokens is None or max_query_len is None or check:
+        true_tokens = int(qsl[-1]) if num_seqs else 0
+        true_max = int((qsl[1:] - qsl[:-1]).max()) if num_seqs else 0
+        if num_tokens is not None and num_tokens < true_tokens:
+            raise InvalidRequestError(
+                f"num_tokens {num_tokens} is below the batch's {true_tokens} tokens"
+            )
+        if max_query_len is not None and max_query_len < true_max:
+            raise InvalidRequestError(
+                f"max_query_len {max_query_len} is below the batch's longest query {true_max}"
+            )
+        num_tokens = true_tokens if num_tokens is None else num_tokens
+        max_query_len = true_max if max_query_len is None else max_query_len
+    out = torch.full((num_tokens,), -1, dtype=torch.int64, device=tables.device)
     if num_tokens == 0 or num_seqs == 0:
         return out
     block_q = min(next_pow2(max_query_len), 4096 if interpreting() else 256)
