@@ -48,10 +48,12 @@ def _run(args: argparse.Namespace) -> int:
         progress=lambda line: print(f"  ... {line}", file=sys.stderr, flush=True),
     )
     print(text_report(result))
-    if args.report:
-        write_json(result, Path(args.report))
-    if args.junit:
-        write_junit(result, Path(args.junit))
+    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
+        if path:
+            try:
+                writer(result, Path(path))
+            except OSError as err:
+                raise SetupError(f"cannot write the report {path}: {err}") from err
     return OK if result.passed else FAILED
 
 
@@ -62,6 +64,17 @@ def _list() -> int:
     if not backends:
         print("no backends installed (is the package installed? pip install -e .)")
     return OK
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dtype", action="append", help=f"limit to these dtypes ({', '.join(DTYPES)})"
     )
-    run.add_argument("--max-examples", type=int, help="override the profile's example count")
+    run.add_argument(
+        "--max-examples", type=_positive, help="override the profile's example count (>= 1)"
+    )
     run.add_argument("--report", metavar="FILE.json", help="write a JSON report")
     run.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")
     run.add_argument(

@@ -105,11 +105,13 @@ def first_kv_difference(
     slot = min(live, key=lambda s: owners[s]) if live else int(bad_slots[0])
     head = int(np.flatnonzero(~same[slot].all(axis=1))[0])
     seq_id, token = owners.get(slot, (None, None))
-    detail = (
-        "the backend's cache holds other values than were written"
-        if seq_id is not None
-        else "a slot no live token owns was changed (a stray write or copy)"
-    )
+    if step == 0:
+        detail = "the background write of every slot (before any step) did not store this value"
+    elif seq_id is not None:
+        detail = "the backend's cache holds other values than were written"
+    else:
+        detail = "a slot no live token owns differs from the spec: a missing or stray write or copy"
+    detail += _where_it_landed(expected, actual, slot, block_size)
     abs_err, rel_err = _errors(expected[slot], actual[slot])
     return Difference(
         what=name,
@@ -125,6 +127,26 @@ def first_kv_difference(
         actual=tuple(float(x) for x in actual[slot, head, :_SHOWN]),
         max_abs_error=abs_err,
         max_rel_error=rel_err,
+    )
+
+
+def _where_it_landed(expected: F64, actual: F64, slot: int, block_size: int) -> str:
+    """Where the backend holds the row the spec expects at ``slot``, if anywhere else.
+
+    >>> exp = np.array([[[1.0]], [[2.0]], [[3.0]]])
+    >>> _where_it_landed(exp, np.array([[[1.0]], [[9.0]], [[2.0]]]), 1, 2)
+    '; the expected row is in slot 2 (block 1, offset 0)'
+    """
+    rows = actual.reshape(actual.shape[0], -1)
+    found = np.flatnonzero((rows == expected[slot].reshape(-1)).all(axis=1))
+    found = found[found != slot]
+    if found.size == 0:
+        return "; the expected row is in no slot of the cache"
+    at = int(found[0])
+    more = f" and {found.size - 1} other slots" if found.size > 1 else ""
+    return (
+        f"; the expected row is in slot {at} (block {at // block_size}, "
+        f"offset {at % block_size}){more}"
     )
 
 

@@ -58,7 +58,13 @@ def load_backend(ref: str) -> Backend:
             f"{ref!r} built a {type(backend).__name__}, which lacks {', '.join(missing)}: "
             "see docs/plugging-in.md for the Backend contract"
         )
-    if not isinstance(getattr(backend, "capabilities", None), Capabilities):
+    try:
+        caps = backend.capabilities
+    except Exception as err:
+        raise SetupError(
+            f"{ref!r}: reading .capabilities raised {type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(caps, Capabilities):
         raise SetupError(f"{ref!r}: .capabilities must be a spec.backend.Capabilities")
     assert isinstance(backend, Backend)
     return backend

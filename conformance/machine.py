@@ -2,7 +2,10 @@
 
 Each example draws a workload configuration, then a random program of rules:
 add sequences (prompt lengths 1, B-1, B, B+1, 2B+1, and prompts that share an
-earlier prompt's prefix, so the prefix cache hits), run steps (whole or
+earlier prompt's prefix, so the prefix cache hits; in a long-context workload,
+first a prompt of 300 to 1100 tokens prefilled in chunks of up to 1024, then
+decoded, so that sequences pass the 64-key tiles and the 256/512/1024-key
+switch points of a kernel), run steps (whole or
 chunked prefills, decodes, any subset of the live sequences), fork (so the
 next write into a shared block copies it), free (so blocks are reused), and
 ask for more blocks than are left (so allocation fails and must change
@@ -23,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from conformance.lockstep import ConformanceFailure, Lockstep
 from conformance.plan import Plan
-from conformance.workload import WorkloadConfig
+from conformance.workload import LONG_PROMPTS, WorkloadConfig
 from spec.backend import Backend
 
 MAX_SEQS = 4
@@ -31,6 +34,10 @@ MAX_SEQS = 4
 VOCAB = 64
 _SEED = st.integers(0, 2**16)
 _PICK = st.integers(0, 63)
+_LONG_CHUNKS = (256, 128, 512, 1024)
+"""Prefill chunk sizes of a long prompt: large, as a serving engine would schedule them."""
+MAX_LONG_PROMPTS = 2
+"""Long prompts per workload at most: each costs seconds on an interpreted kernel."""
 
 
 @dataclass
@@ -42,6 +49,7 @@ class RunStats:
     rules: Counter[str] = field(default_factory=Counter)
     checks: Counter[str] = field(default_factory=Counter)
     configs: Counter[str] = field(default_factory=Counter)
+    longest: int = 0  # the most tokens any sequence held when a step ran
     first_failure_example: int | None = None  # examples run when the first failure appeared
 
     def note_failure(self) -> None:
@@ -52,6 +60,35 @@ class RunStats:
 def _tokens(seed: int, length: int, offset: int = 0) -> list[int]:
     rng = np.random.default_rng(seed)
     return [offset + int(t) for t in rng.integers(0, VOCAB, length)]
+
+
+@dataclass(frozen=True)
+class LongPrompt:
+    """A long prompt: its length, prefill chunk, decodes after, and whether chunks batch decodes.
+
+    With ``with_decodes``, each chunk shares its step with one decode of every
+    finished sequence (a mixed batch), as a continuous-batching engine runs them.
+    """
+
+    length: int
+    chunk: int
+    with_decodes: bool
+    decodes: int
+    seed: int
+    token: int
+
+
+_LONG_LENGTHS = st.one_of(st.sampled_from((300, 1100, 1025, 513)), st.integers(*LONG_PROMPTS))
+"""Long prompt lengths: often just past 512 or 1024, or at the limit; they shrink to 300."""
+_LONG = st.builds(
+    LongPrompt,
+    _LONG_LENGTHS,
+    st.sampled_from(_LONG_CHUNKS),
+    st.booleans(),
+    st.integers(1, 3),
+    _SEED,
+    _PICK,
+)
 
 
 class LockstepMachine(RuleBasedStateMachine):
@@ -70,6 +107,7 @@ class LockstepMachine(RuleBasedStateMachine):
         self.prompts: list[list[int]] = []
         self.computed: list[list[int]] = []  # prompts whose prefill has completed
         self.next_id = 0
+        self.long_prompts = 0
         stats.examples += 1
 
     @property
@@ -90,14 +128,17 @@ class LockstepMachine(RuleBasedStateMachine):
     def start(self, data: st.DataObject) -> None:
         config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
         g = config.geometry
+        long = " long-context" if config.long_context else ""
         self.stats.configs[
-            f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}"
+            f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}{long}"
         ] += 1
         try:
             self.lockstep = Lockstep(self.backend, config, self.stats.checks)
         except ConformanceFailure:
             self.stats.note_failure()
             raise
+        if config.long_context:  # every long-context workload starts with a long prompt
+            self.add_long(data.draw(_LONG, label="long prompt"))
 
     @precondition(lambda self: len(self.pending) < MAX_SEQS)
     @rule(length=st.integers(0, 5), seed=_SEED, then_step=st.booleans(), token=_PICK)
@@ -130,6 +171,26 @@ class LockstepMachine(RuleBasedStateMachine):
         self._start(prompt)
         if then_step:
             self.step_all(token)
+
+    @precondition(lambda self: self._long_room() >= LONG_PROMPTS[0])
+    @rule(long=_LONG)
+    def add_long(self, long: LongPrompt) -> None:
+        """A long prompt prefilled in large chunks, then decodes of every finished sequence."""
+        n = min(long.length, self._long_room())
+        self.long_prompts += 1
+        self._count(f"add (long prompt, {LONG_PROMPTS[0]}..{LONG_PROMPTS[1]} tokens)")
+        seq_id = self.next_id
+        self._start(_tokens(long.seed, n))
+        while self.pending.get(seq_id):
+            todo = self.pending[seq_id]
+            done = [s for s, rest in sorted(self.pending.items()) if not rest]
+            token = long.token
+            decoding = [(s, [(token + 7 * s) % VOCAB]) for s in done] if long.with_decodes else []
+            if not self._run([(seq_id, todo[: long.chunk]), *decoding]):
+                break  # the pool ran out: the sequence stays pending for later steps
+        for i in range(long.decodes):
+            if any(not rest for rest in self.pending.values()):
+                self.decode((long.token + i) % VOCAB)
 
     @precondition(lambda self: bool(self.pending))
     @rule(subset=st.integers(0, 2**MAX_SEQS - 1), chunk=st.integers(0, 4), token=_PICK)
@@ -226,7 +287,8 @@ class LockstepMachine(RuleBasedStateMachine):
         self.pending[seq_id] = prompt[cached:]
         self.prompts.append(prompt)
 
-    def _run(self, schedule: list[tuple[int, list[int]]]) -> None:
+    def _run(self, schedule: list[tuple[int, list[int]]]) -> bool:
+        """Run one step; True when the first sequence of ``schedule`` ran."""
         before = {s: self.ls.manager.num_tokens(s) for s, _ in schedule}
         try:
             ran = set(self.ls.step(schedule))
@@ -236,6 +298,18 @@ class LockstepMachine(RuleBasedStateMachine):
         self.stats.steps += 1
         for seq_id, new in schedule:
             self._count_step(seq_id, new, before[seq_id], seq_id in ran)
+        if ran:
+            longest = max(self.ls.manager.num_tokens(s) for s in ran)
+            self.stats.longest = max(self.stats.longest, longest)
+        return bool(schedule) and schedule[0][0] in ran
+
+    def _long_room(self) -> int:
+        """Tokens a new long prompt may have: 0 unless long-context and a sequence slot is free."""
+        long_ok = self.ls.config.long_context and self.long_prompts < MAX_LONG_PROMPTS
+        if not long_ok or len(self.pending) >= MAX_SEQS:
+            return 0
+        room = (self.ls.manager.pool.num_available - 1) * self.block_size
+        return min(room, LONG_PROMPTS[1])
 
     def _half_full(self) -> bool:
         pool = self.ls.manager.pool

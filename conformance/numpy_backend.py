@@ -136,6 +136,11 @@ class NumpyPagedBackend:
         out: F32 = weights / weights.sum(axis=-1, keepdims=True)
         return out
 
+    def _weighted_sum(self, scores: F32, v: F32) -> F32:
+        """Softmax of the masked scores ``[n, t]``, applied to the values ``[t, D]``."""
+        out: F32 = self._softmax(scores) @ v
+        return out
+
     # -- internals ----------------------------------------------------------------
 
     def _attend(self, q: F32, k: F32, v: F32, visible: NDArray[np.bool_], scale: float) -> F32:
@@ -145,8 +150,7 @@ class NumpyPagedBackend:
         for h in range(num_heads):
             kv = self._kv_head(h, num_heads, g.num_kv_heads)
             scores = (q[:, h] @ k[:, kv].T) * np.float32(self._scale(scale, g.head_dim))
-            weights = self._softmax(np.where(visible, scores, np.float32(-np.inf)))
-            out[:, h] = weights @ v[:, kv]
+            out[:, h] = self._weighted_sum(np.where(visible, scores, np.float32(-np.inf)), v[:, kv])
         return out
 
     def _geo(self) -> KVGeometry:

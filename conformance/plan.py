@@ -56,6 +56,7 @@ class Plan:
     copy_on_write: bool
     prefix_caching: bool
     skipped: tuple[str, ...]
+    long_context: bool = False  # draw long-context workloads only (the suite's second pass)
 
     def configs(self) -> st.SearchStrategy[WorkloadConfig]:
         """Workload configurations; they shrink towards the first value of each set."""
@@ -69,6 +70,7 @@ class Plan:
             st.sampled_from(LAYERS),
             st.sampled_from((True, False)),  # large logits first: drawn more often
             st.booleans() if self.prefix_caching else st.just(False),
+            st.just(self.long_context),
             st.integers(0, 2**32 - 1),
         ).filter(self._supported)
 
@@ -82,11 +84,20 @@ class Plan:
         layers: int,
         large_logits: bool,
         prefix_caching: bool,
+        long_context: bool,
         seed: int,
     ) -> WorkloadConfig:
-        geometry, num_heads = geometry_for(block_size, num_kv_heads, group, head_dim, dtype, layers)
+        layers = 1 if long_context else layers  # long prompts cost time per layer; one suffices
+        geometry, num_heads = geometry_for(
+            block_size, num_kv_heads, group, head_dim, dtype, layers, long_context
+        )
         return WorkloadConfig(
-            geometry, num_heads, scale_for(head_dim, large_logits), seed, prefix_caching
+            geometry,
+            num_heads,
+            scale_for(head_dim, large_logits),
+            seed,
+            prefix_caching,
+            long_context,
         )
 
     def _supported(self, config: WorkloadConfig) -> bool:

@@ -118,6 +118,31 @@ class IgnoresScale(NumpyPagedBackend):
         return 1.0 / math.sqrt(head_dim)
 
 
+class OnlineSoftmaxNoRescale(NumpyPagedBackend):
+    """Online softmax over 64-key tiles that never rescales the accumulator by ``alpha``.
+
+    Exact while a sequence fits one tile (64 keys or fewer): only long contexts show it.
+    """
+
+    tile = 64
+
+    def _weighted_sum(self, scores: F32, v: F32) -> F32:
+        n = scores.shape[0]
+        m = np.full(n, -np.inf, dtype=np.float32)
+        total = np.zeros(n, dtype=np.float32)
+        acc = np.zeros((n, v.shape[1]), dtype=np.float32)
+        for start in range(0, scores.shape[1], self.tile):
+            s = scores[:, start : start + self.tile]
+            m_new = np.maximum(m, s.max(axis=1))  # key 0 is visible to all: finite from tile 1
+            alpha = np.exp(m - m_new)
+            p = np.exp(s - m_new[:, None])
+            total = total * alpha + p.sum(axis=1)
+            acc = acc + p @ v[start : start + self.tile]  # the bug: ``acc * alpha + ...``
+            m = m_new
+        out: F32 = acc / total[:, None]
+        return out
+
+
 PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "slot mapping off by one at a block boundary": SlotOffByOne,
     "ignores the block table (assumes contiguous blocks)": IgnoresBlockTable,
@@ -131,5 +156,6 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "stale data read past seq_len": ReadsPastSeqLen,
     "softmax without max subtraction (overflows in fp16)": SoftmaxWithoutMax,
     "wrong scale": IgnoresScale,
+    "online softmax over 64-key tiles without rescaling the accumulator": OnlineSoftmaxNoRescale,
 }
 """Each planted bug, by the bug class it stands for."""

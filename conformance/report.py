@@ -9,11 +9,27 @@ same backend by the same name and applies the same operations through a
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 from conformance.runner import PROFILES, RunResult
+
+
+def portable_ref(ref: str) -> str:
+    """``ref`` with a ``file.py:factory`` path made absolute, so it loads from any directory.
+
+    >>> portable_ref("reference")
+    'reference'
+    >>> portable_ref("/abs/my_backend.py:make")
+    '/abs/my_backend.py:make'
+    """
+    module, sep, attr = ref.rpartition(":")
+    if not sep or not (module.endswith(".py") or "/" in module or os.sep in module):
+        return ref
+    return f"{Path(module).resolve()}:{attr}"
 
 
 def replay_script(result: RunResult) -> str:
@@ -27,7 +43,7 @@ def replay_script(result: RunResult) -> str:
             "from conformance import Lockstep, WorkloadConfig, load_backend",
             "from spec.backend import KVGeometry",
             "",
-            f"backend = load_backend({result.backend!r})",
+            f"backend = load_backend({portable_ref(result.backend)!r})",
             *result.workload,
             'print("no difference: this workload passes")',
             "",
@@ -37,7 +53,7 @@ def replay_script(result: RunResult) -> str:
 
 def reproduce_command(result: RunResult) -> str:
     return (
-        f"python -m conformance run --backend {result.backend} "
+        f"python -m conformance run --backend {shlex.quote(portable_ref(result.backend))} "
         f"--profile {result.profile} --seed {result.seed}"
     )
 
@@ -49,7 +65,8 @@ def text_report(result: RunResult) -> str:
     lines = [
         f"conformance: backend {result.backend!r} "
         f"(profile {result.profile}, seed {result.seed}): {verdict}",
-        f"  {_examples(result)}, {s.steps} steps, {result.wall_time_s:.1f} s",
+        f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
+        f"{result.wall_time_s:.1f} s",
         "  rules exercised:",
         *(f"    {count:7d}  {name}" for name, count in sorted(s.rules.items())),
         "  invariants checked:",
@@ -85,6 +102,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "profile_settings": {
             "max_examples": PROFILES[result.profile].max_examples,
             "steps": PROFILES[result.profile].steps,
+            "long_examples": PROFILES[result.profile].long_examples,
         },
         "seed": result.seed,
         "passed": result.passed,
@@ -92,6 +110,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "examples": s.examples,
         "first_failure_example": s.first_failure_example,
         "steps": s.steps,
+        "longest_sequence": s.longest,
         "rules": dict(sorted(s.rules.items())),
         "invariants": dict(sorted(s.checks.items())),
         "shapes": dict(sorted(s.configs.items())),

@@ -42,6 +42,10 @@ GQA_GROUPS = (2, 1, 4)
 LAYERS = (1, 2)
 POOL_BLOCKS = {1: 40, 3: 16, 4: 14, 16: 6}
 """Pool size per block size: small, so that allocations fail and blocks are reused."""
+LONG_CONTEXT_SLOTS = 2048
+"""Pool size, in tokens, of a long-context workload: room for one longest prompt and more."""
+LONG_PROMPTS = (300, 1100)
+"""Shortest and longest long prompt: past the 64-key tiles and the 256/512/1024 switch points."""
 LARGE_LOGIT_GAIN = 16.0
 """A scale of ``16 / sqrt(D)`` gives scores of spread about 16: exp overflows fp16 past 11."""
 PAD_VALUE = 1000.0
@@ -52,13 +56,14 @@ _Q, _BACKGROUND, _PAD = 1, 2, 3  # stream tags, so that no two uses share a rand
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    """Everything fixed for one workload: KV geometry, query heads, scale, seed, prefix caching."""
+    """Everything fixed for one workload: geometry, query heads, scale, seed, and the options."""
 
     geometry: KVGeometry
     num_heads: int
     scale: float
     seed: int
     prefix_caching: bool = False
+    long_context: bool = False  # a large pool, and long prompts prefilled in large chunks
 
     def __post_init__(self) -> None:
         if self.num_heads % self.geometry.num_kv_heads:
@@ -73,10 +78,23 @@ class WorkloadConfig:
 
 
 def geometry_for(
-    block_size: int, num_kv_heads: int, group: int, head_dim: int, dtype: str, layers: int
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: str,
+    layers: int,
+    long_context: bool = False,
 ) -> tuple[KVGeometry, int]:
-    """The KV geometry and number of query heads for one drawn shape."""
-    blocks = POOL_BLOCKS.get(block_size, max(4, 64 // block_size))
+    """The KV geometry and number of query heads for one drawn shape.
+
+    >>> geometry_for(16, 1, 1, 8, "float16", 1, long_context=True)[0].num_blocks
+    128
+    """
+    if long_context:
+        blocks = -(-LONG_CONTEXT_SLOTS // block_size)
+    else:
+        blocks = POOL_BLOCKS.get(block_size, max(4, 64 // block_size))
     geometry = KVGeometry(layers, blocks, block_size, num_kv_heads, head_dim, dtype)
     return geometry, num_kv_heads * group
 

@@ -13,7 +13,8 @@ from conformance.discovery import installed_backends, load_backend
 from conformance.machine import RunStats, timed_progress
 from conformance.plan import SetupError, plan_for
 from conformance.planted import WritesPaddingSlot
-from conformance.runner import run_suite
+from conformance.report import replay_script, reproduce_command
+from conformance.runner import RunResult, run_suite
 from spec.backend import Capabilities, ReferenceBackend
 
 BROKEN = "conformance.planted:WritesPaddingSlot"
@@ -138,3 +139,61 @@ def test_progress_is_reported_on_long_runs() -> None:
     stats = RunStats(examples=3, steps=40)
     timed_progress(stats, lines.append, every_s=0.0)()
     assert lines == ["3 examples, 40 steps, 0 s"]
+
+
+_RAISING_CAPS = """
+from spec.backend import ReferenceBackend
+
+
+class Broken(ReferenceBackend):
+    @property
+    def capabilities(self):
+        raise RuntimeError("no device")
+
+
+def make():
+    return Broken()
+"""
+
+
+def test_capabilities_that_raise_are_a_setup_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "raising_caps.py"
+    path.write_text(_RAISING_CAPS)
+    assert main(["run", "--backend", f"{path}:make", "--no-database"]) == 2
+    assert "reading .capabilities raised RuntimeError: no device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("count", ["-1", "0", "many"])
+def test_max_examples_below_1_is_a_usage_error(
+    count: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--backend", "reference", "--max-examples", count])
+    assert exited.value.code == 2
+    assert "--max-examples" in capsys.readouterr().err
+    with pytest.raises(SetupError, match="at least 1"):
+        run_suite(ReferenceBackend(), "reference", database=None, max_examples=0)
+
+
+@pytest.mark.parametrize("flag", ["--report", "--junit"])
+def test_an_unwritable_report_is_a_setup_error(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    target = blocker / "r.out"  # a file where a folder must be
+    argv = ["run", "--backend", "reference", "--seed", "1", "--no-database", "--max-examples", "2"]
+    assert main([*argv, flag, str(target)]) == 2
+    captured = capsys.readouterr()
+    assert "PASSED" in captured.out and f"cannot write the report {target}" in captured.err
+
+
+def test_replay_of_a_file_backend_runs_from_any_directory() -> None:
+    result = RunResult("tests/x_backend.py:make", "quick", 5, Capabilities("x"), (), RunStats())
+    absolute = f"{Path('tests/x_backend.py').resolve()}:make"
+    assert f"load_backend({absolute!r})" in replay_script(result)
+    assert f"--backend {absolute} " in reproduce_command(result)
+    named = RunResult(BROKEN, "quick", 5, Capabilities("x"), (), RunStats())
+    assert f"load_backend({BROKEN!r})" in replay_script(named)

@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from conformance.compare import first_kv_difference, first_output_difference
 from conformance.dtypes import TOLERANCES, round_to
 from conformance.lockstep import ConformanceFailure, Lockstep
+from conformance.machine import VOCAB
 from conformance.numpy_backend import NumpyPagedBackend
-from conformance.planted import PLANTED
+from conformance.planted import PLANTED, OnlineSoftmaxNoRescale
 from conformance.report import replay_script
 from conformance.runner import run_suite
+from conformance.selftest import SELFTEST_SEED
 from conformance.workload import TokenKV, WorkloadConfig, geometry_for, scale_for
 from spec.backend import Backend, ReferenceBackend
 
@@ -84,6 +86,21 @@ def _decode_partial(ls: Lockstep) -> None:
     ls.step([(0, [6])])
 
 
+def _long_config() -> WorkloadConfig:
+    geometry, heads = geometry_for(16, 2, 2, 8, "float32", 1, long_context=True)
+    return WorkloadConfig(geometry, heads, scale_for(8, True), 5, long_context=True)
+
+
+def _long_prompt(ls: Lockstep, length: int = 130) -> None:
+    """A prompt past two 64-key tiles, prefilled in chunks of 100 and the rest, then a decode."""
+    prompt = [t % VOCAB for t in range(length)]
+    ls.add(0, prompt)
+    assert ls.step([(0, prompt[:100])]) == [0]
+    if length > 100:
+        assert ls.step([(0, prompt[100:])]) == [0]
+    assert ls.step([(0, [1])]) == [0]
+
+
 WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]] = {
     "SlotOffByOne": (_decode_partial, _config(), {"K"}),
     "IgnoresBlockTable": (_interleaved, _config(), {"output"}),
@@ -97,6 +114,7 @@ WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]
     "ReadsPastSeqLen": (_decode_partial, _config(), {"output"}),
     "SoftmaxWithoutMax": (_decode_partial, _config(dtype="float16", large=True), {"output"}),
     "IgnoresScale": (_decode_partial, _config(large=True), {"output"}),
+    "OnlineSoftmaxNoRescale": (_long_prompt, _long_config(), {"output"}),
 }
 
 
@@ -184,6 +202,23 @@ def test_kv_difference_prefers_a_live_token_over_a_stray_slot() -> None:
     assert first_kv_difference(4, 0, "V", expected, expected.copy(), {}, 4) is None
 
 
+def test_kv_difference_says_what_went_wrong_and_where_the_row_landed() -> None:
+    expected = np.arange(8.0).reshape(8, 1, 1)
+    at_start = expected.copy()
+    at_start[5] = -1.0
+    diff = first_kv_difference(0, 0, "K", expected, at_start, {}, block_size=4)
+    assert diff is not None and "background write" in diff.detail
+    assert "in no slot of the cache" in diff.detail and "stray" not in diff.detail
+    shifted = expected.copy()
+    shifted[3], shifted[4] = expected[4], -1.0  # slot 4's row written one slot early
+    diff = first_kv_difference(2, 0, "K", expected, shifted, {}, block_size=4)
+    assert diff is not None and diff.offset == 3
+    assert "missing or stray write or copy" in diff.detail and "in no slot" in diff.detail
+    diff = first_kv_difference(2, 0, "K", expected, shifted, {4: (0, 4)}, block_size=4)
+    assert diff is not None and (diff.seq_id, diff.token) == (0, 4)
+    assert "the expected row is in slot 3 (block 0, offset 3)" in diff.detail
+
+
 def test_output_difference_respects_the_dtype_tolerance() -> None:
     tol = TOLERANCES["float16"]
     expected = np.ones((3, 2, 4))
@@ -209,3 +244,34 @@ def test_a_found_failure_shrinks_to_a_replayable_script() -> None:
     with pytest.raises(ConformanceFailure) as replayed:
         exec(replay_script(result), {})
     assert replayed.value.difference == result.difference
+
+
+# -- long contexts ---------------------------------------------------------------------------
+
+
+def test_online_softmax_without_rescale_is_exact_within_one_tile() -> None:
+    """The planted bug hides up to 64 keys: only a longer context can catch it."""
+    _long_prompt(Lockstep(OnlineSoftmaxNoRescale(), _long_config()), length=63)  # 64 keys: exact
+    with pytest.raises(ConformanceFailure) as caught:
+        _long_prompt(Lockstep(OnlineSoftmaxNoRescale(), _long_config()))
+    diff = caught.value.difference
+    assert diff.what == "output" and diff.token is not None and diff.token >= 64
+
+
+def test_the_quick_profile_catches_a_bug_past_64_keys() -> None:
+    ref = "conformance.planted:OnlineSoftmaxNoRescale"
+    result = run_suite(
+        OnlineSoftmaxNoRescale(), ref, run_seed=SELFTEST_SEED, database=None, shrink=False
+    )
+    assert result.difference is not None, "the quick profile missed a long-context bug"
+    assert result.difference.what == "output"
+    assert result.difference.token is not None and result.difference.token >= 64
+
+
+def test_long_context_workloads_pass_1024_tokens() -> None:
+    """The quick profile of the reference reaches past the 256/512/1024-key switch points."""
+    result = run_suite(ReferenceBackend(), "reference", run_seed=3, database=None)
+    assert result.passed, result.difference
+    assert result.stats.rules["add (long prompt, 300..1100 tokens)"] > 0
+    assert result.stats.longest > 1024
+    assert any(shape.endswith("long-context") for shape in result.stats.configs)
