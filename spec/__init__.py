@@ -1,16 +1,16 @@
 """An executable specification of PagedAttention and continuous batching.
 
-Read the modules in this order; each builds on the ones before it:
+Read the modules in this order: the first says why; each later one builds on those before it.
 
-1. :mod:`spec.errors` - what misuse raises; every failed operation changes nothing.
-2. :mod:`spec.block_pool` - physical blocks, a free list, reference counts.
-3. :mod:`spec.prefix_cache` - naming a full block by its chained hash.
-4. :mod:`spec.block_manager` - block tables, growth, fork, copy-on-write, prefix hits.
-5. :mod:`spec.kv_memory` - KV memory in the paged layout; gather through a table.
-6. :mod:`spec.batch` - one step flattened into the metadata kernels consume.
-7. :mod:`spec.attention` - reference paged attention in float64.
-8. :mod:`spec.backend` - the contract any backend implements.
-9. :mod:`spec.kv_budget` - the memory arithmetic behind it all.
+1. :mod:`spec.kv_budget` - why: the KV cache is dynamic memory, and reserving wastes it.
+2. :mod:`spec.errors` - what misuse raises; every failed operation changes nothing.
+3. :mod:`spec.block_pool` - physical blocks, a free list, reference counts.
+4. :mod:`spec.prefix_cache` - naming a full block by its chained hash.
+5. :mod:`spec.block_manager` - block tables, growth, fork, copy-on-write, prefix hits.
+6. :mod:`spec.kv_memory` - KV memory in the paged layout; gather through a table.
+7. :mod:`spec.batch` - one step flattened into the metadata kernels consume.
+8. :mod:`spec.attention` - reference paged attention in float64.
+9. :mod:`spec.backend` - the contract any backend implements.
 10. :mod:`spec.request` - requests and their lifecycle.
 11. :mod:`spec.scheduler` - continuous batching: admit, run, finish every step.
 12. :mod:`spec.swap` - the host pool that preemption by swapping uses.
