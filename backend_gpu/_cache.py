@@ -82,6 +82,47 @@ class TorchKVCache:
         return to_numpy(k), to_numpy(v)
 
 
+class TorchCacheBackend:
+    """What the torch-based backends share: the cache they hold and the numpy boundary.
+
+    Subclasses compute; this class only converts and checks their inputs.
+    """
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        self._cache: TorchKVCache | None = None
+
+    def create_cache(self, geometry: KVGeometry) -> None:
+        self._cache = TorchKVCache(geometry, self.device)
+
+    def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
+        return self._mem().read(layer)
+
+    def _mem(self) -> TorchKVCache:
+        if self._cache is None:
+            raise InvalidRequestError("create_cache() must be called first")
+        return self._cache
+
+    def _kv_inputs(
+        self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(k, v, k_cache, v_cache)`` for a KV write: new tokens on the device, live storage."""
+        cache = self._mem()
+        k_cache, v_cache = cache.layer(layer)
+        n, h = len(slot_mapping), cache.geometry.num_kv_heads
+        return cache.tensor("key", key, n, h), cache.tensor("value", value, n, h), k_cache, v_cache
+
+    def _query_inputs(
+        self, layer: int, query: FloatArray, batch: BatchMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(q, k_cache, v_cache)`` for attention, once the batch fits this cache."""
+        cache = self._mem()
+        k_cache, v_cache = cache.layer(layer)
+        cache.check_batch(batch)
+        heads = query.shape[1] if isinstance(query, np.ndarray) and query.ndim == 3 else -1
+        return cache.tensor("query", query, batch.num_tokens, heads), k_cache, v_cache
+
+
 def to_numpy(x: torch.Tensor) -> FloatArray:
     """A float32 numpy copy of ``x`` (float16 and bfloat16 widen exactly)."""
     out: FloatArray = x.detach().to(device="cpu", dtype=torch.float32).numpy().copy()

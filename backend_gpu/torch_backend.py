@@ -12,38 +12,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-from backend_gpu._cache import TorchKVCache, default_device, to_numpy
+from backend_gpu._cache import TorchCacheBackend, to_numpy
 from backend_gpu.kernels._checks import independent_copies
-from spec.backend import DTYPES, Capabilities, FloatArray, KVGeometry
+from spec.backend import DTYPES, Capabilities, FloatArray
 from spec.batch import BatchMetadata
 from spec.errors import InvalidRequestError
 
 
-class TorchBackend:
+class TorchBackend(TorchCacheBackend):
     """Paged KV memory and attention with plain torch ops."""
-
-    def __init__(self, device: str | torch.device | None = None) -> None:
-        self.device = torch.device(device) if device is not None else default_device()
-        self._cache: TorchKVCache | None = None
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(name="torch", device=str(self.device), dtypes=frozenset(DTYPES))
 
-    def create_cache(self, geometry: KVGeometry) -> None:
-        self._cache = TorchKVCache(geometry, self.device)
-
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
     ) -> None:
-        cache = self._mem()
-        k_cache, v_cache = cache.layer(layer)
-        n, h = len(slot_mapping), cache.geometry.num_kv_heads
-        k, v = cache.tensor("key", key, n, h), cache.tensor("value", value, n, h)
-        slots = cache.slots(slot_mapping)
+        k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
+        n = len(slot_mapping)
+        slots = self._mem().slots(slot_mapping)
         keep = slots != -1
         width = k_cache.shape[2:]
         k_cache.view(-1, *width)[slots[keep]] = k[:n][keep]
@@ -62,15 +52,13 @@ class TorchBackend:
     def attention(
         self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
     ) -> FloatArray:
+        q, k_cache, v_cache = self._query_inputs(layer, query, batch)
         cache = self._mem()
-        k_cache, v_cache = cache.layer(layer)
-        cache.check_batch(batch)
-        heads = query.shape[1] if isinstance(query, np.ndarray) and query.ndim == 3 else -1
+        heads = q.shape[1]
         if heads % cache.geometry.num_kv_heads:
             raise InvalidRequestError(
                 f"{heads} query heads do not divide into {cache.geometry.num_kv_heads} KV heads"
             )
-        q = cache.tensor("query", query, batch.num_tokens, heads)
         out = torch.empty(
             batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device
         )
@@ -79,14 +67,6 @@ class TorchBackend:
             k, v = self._gather(k_cache, v_cache, batch.block_tables[i], batch.seq_lens[i])
             out[start:end] = _attend(q[start:end], k, v, batch.seq_lens[i], scale).to(cache.dtype)
         return to_numpy(out)
-
-    def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
-        return self._mem().read(layer)
-
-    def _mem(self) -> TorchKVCache:
-        if self._cache is None:
-            raise InvalidRequestError("create_cache() must be called first")
-        return self._cache
 
     def _gather(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, table: Sequence[int], seq_len: int

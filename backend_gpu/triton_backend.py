@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 import backend_gpu  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines first)
-from backend_gpu._cache import TorchKVCache, default_device, to_numpy
+from backend_gpu._cache import TorchCacheBackend, to_numpy
 from backend_gpu.kernels import copy_blocks, paged_attention, reshape_and_cache
 from backend_gpu.kernels.attention import MAX_HEAD_DIM
 from spec.backend import DTYPES, Capabilities, FloatArray, KVGeometry
@@ -23,7 +22,7 @@ from spec.batch import BatchMetadata
 from spec.errors import InvalidRequestError
 
 
-class TritonBackend:
+class TritonBackend(TorchCacheBackend):
     """Paged KV memory and unified paged attention on Triton kernels.
 
     ``num_splits`` forces the attention kernel's split-KV path (``> 1``) or the
@@ -31,9 +30,9 @@ class TritonBackend:
     """
 
     def __init__(self, device: str | torch.device | None = None, num_splits: int | None = None):
-        self.device = torch.device(device) if device is not None else default_device()
+        super().__init__(device)
         self.num_splits = num_splits
-        self._cache: TorchKVCache | None = None
+        self._metadata: tuple[BatchMetadata, tuple[torch.Tensor, ...]] | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -49,16 +48,14 @@ class TritonBackend:
     def create_cache(self, geometry: KVGeometry) -> None:
         if geometry.head_dim > MAX_HEAD_DIM:
             raise InvalidRequestError(f"head_dim {geometry.head_dim} > {MAX_HEAD_DIM}")
-        self._cache = TorchKVCache(geometry, self.device)
+        super().create_cache(geometry)
 
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
     ) -> None:
-        cache = self._mem()
-        k_cache, v_cache = cache.layer(layer)
-        n, h = len(slot_mapping), cache.geometry.num_kv_heads
-        k, v = cache.tensor("key", key, n, h), cache.tensor("value", value, n, h)
-        reshape_and_cache(k, v, k_cache, v_cache, cache.slots(slot_mapping), check_slots=False)
+        k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
+        slots = self._mem().slots(slot_mapping)
+        reshape_and_cache(k, v, k_cache, v_cache, slots, check_slots=False)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
@@ -67,19 +64,15 @@ class TritonBackend:
     def attention(
         self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
     ) -> FloatArray:
-        cache = self._mem()
-        k_cache, v_cache = cache.layer(layer)
-        cache.check_batch(batch)
-        heads = query.shape[1] if isinstance(query, np.ndarray) and query.ndim == 3 else -1
-        q = cache.tensor("query", query, batch.num_tokens, heads)
-        dev = self.device
+        q, k_cache, v_cache = self._query_inputs(layer, query, batch)
+        qsl, lens, tables = self._device_metadata(batch)
         out = paged_attention(
             q[: batch.num_tokens],
             k_cache,
             v_cache,
-            torch.tensor(batch.query_start_loc, dtype=torch.int32, device=dev),
-            torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
-            _tables(batch, dev),
+            qsl,
+            lens,
+            tables,
             scale,
             num_splits=self.num_splits,
             max_query_len=batch.max_query_len,
@@ -87,13 +80,17 @@ class TritonBackend:
         )
         return to_numpy(out)
 
-    def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
-        return self._mem().read(layer)
-
-    def _mem(self) -> TorchKVCache:
-        if self._cache is None:
-            raise InvalidRequestError("create_cache() must be called first")
-        return self._cache
+    def _device_metadata(self, batch: BatchMetadata) -> tuple[torch.Tensor, ...]:
+        """The batch's metadata as device tensors, built once per step, not once per layer."""
+        if self._metadata is None or self._metadata[0] is not batch:
+            dev = self.device
+            tensors = (
+                torch.tensor(batch.query_start_loc, dtype=torch.int32, device=dev),
+                torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
+                _tables(batch, dev),
+            )
+            self._metadata = (batch, tensors)
+        return self._metadata[1]
 
 
 def _tables(batch: BatchMetadata, device: torch.device) -> torch.Tensor:
