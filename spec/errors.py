@@ -38,5 +38,17 @@ class InvalidRequestError(SpecError):
     """An argument that can never be valid: a negative count, a bad shape, a bad dtype."""
 
 
+class ArgumentTypeError(InvalidRequestError):
+    """An argument of the wrong type: a bool or a float where an int id belongs, say."""
+
+
+class ArgumentValueError(InvalidRequestError):
+    """An argument of the right type but an impossible value: negative, zero, NaN, out of range."""
+
+
+class InvalidBatchError(InvalidRequestError):
+    """Batch metadata that is not well formed (see :meth:`spec.batch.BatchMetadata.validate`)."""
+
+
 class CapacityError(SpecError):
     """A request that can never fit, whatever else is freed (admission control)."""

@@ -1,0 +1,141 @@
+"""One validation layer for the spec's inputs: every public operation checks its arguments here.
+
+The spec's promise is that a bad call raises a specific :class:`~spec.errors.SpecError`
+that names the argument, the value and what was expected, *before* anything
+changes. The checks live here, once, so that every operation asks the same
+question the same way:
+
+* an id or a count is a Python ``int`` or a numpy integer, never a ``bool``,
+  ``float`` or ``str`` (``True`` is not block 1, and ``2.0`` is not token 2);
+* token ids are non-negative ints, checked element by element;
+* a scale is a finite, positive real number.
+
+>>> check_int("block", np.int64(3), low=0)
+3
+>>> check_int("block", True)
+Traceback (most recent call last):
+...
+spec.errors.ArgumentTypeError: block must be an int, got bool True
+>>> check_token_ids("prompt", np.array([5, 0, 7]))
+(5, 0, 7)
+>>> check_token_ids("prompt", [1, -2])
+Traceback (most recent call last):
+...
+spec.errors.ArgumentValueError: prompt[1] must be a token id >= 0, got -2
+>>> check_scale("scale", float("nan"))
+Traceback (most recent call last):
+...
+spec.errors.ArgumentValueError: scale must be finite and > 0, got nan
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from spec.errors import ArgumentTypeError, ArgumentValueError
+
+_T = TypeVar("_T")
+
+
+def _describe(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def is_int(value: object) -> bool:
+    """A Python int or a numpy integer, and not a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def check_int(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an ``int``, if it is an integer in ``low .. high`` (inclusive bounds)."""
+    if not is_int(value):
+        raise ArgumentTypeError(f"{name} must be an int, got {_describe(value)}")
+    v = int(value)  # type: ignore[call-overload]
+    assert isinstance(v, int)
+    if low is not None and v < low:
+        raise ArgumentValueError(f"{name} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise ArgumentValueError(f"{name} must be <= {high}, got {v}")
+    return v
+
+
+def check_positive(name: str, value: object) -> int:
+    """A size or a count that must be at least 1."""
+    return check_int(name, value, low=1)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """A flag: exactly ``True`` or ``False`` (the string ``'no'`` is not false)."""
+    if not isinstance(value, bool | np.bool_):
+        raise ArgumentTypeError(f"{name} must be a bool, got {_describe(value)}")
+    return bool(value)
+
+
+def check_real(name: str, value: object) -> float:
+    """A finite real number (int or float, not bool), as a float."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+        raise ArgumentTypeError(f"{name} must be a real number, got {_describe(value)}")
+    v = float(value)  # type: ignore[arg-type, unused-ignore]
+    if not math.isfinite(v):
+        raise ArgumentValueError(f"{name} must be finite, got {v}")
+    return v
+
+
+def check_scale(name: str, value: object) -> float:
+    """A multiplier that must be finite and positive (a softmax scale, an fp8 scale)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+        raise ArgumentTypeError(f"{name} must be a real number, got {_describe(value)}")
+    v = float(value)  # type: ignore[arg-type, unused-ignore]
+    if not (math.isfinite(v) and v > 0):
+        raise ArgumentValueError(f"{name} must be finite and > 0, got {v}")
+    return v
+
+
+def check_choice(name: str, value: object, choices: Iterable[_T]) -> _T:
+    """One of ``choices`` (compared with ``==``, so the type must match too)."""
+    options = tuple(choices)
+    for option in options:
+        if type(value) is type(option) and value == option:
+            return option
+    raise ArgumentValueError(f"{name} must be one of {options!r}, got {_describe(value)}")
+
+
+def as_sequence(name: str, values: object) -> Sequence[object]:
+    """A one-dimensional sequence of items: a list, tuple, range or 1-D numpy array.
+
+    Strings, bytes, sets, scalars and arrays of other ranks are refused: a set
+    has no order, and a string of digits is not a list of tokens.
+    """
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise ArgumentTypeError(f"{name} must be one-dimensional, got shape {values.shape}")
+        out: list[object] = values.tolist()
+        return out
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise ArgumentTypeError(f"{name} must be a sequence of ints, got {_describe(values)}")
+    return values
+
+
+def check_ints(
+    name: str, values: object, *, low: int | None = None, high: int | None = None
+) -> tuple[int, ...]:
+    """Every element of a sequence checked by :func:`check_int`, as a tuple of ints."""
+    items = as_sequence(name, values)
+    return tuple(check_int(f"{name}[{i}]", v, low=low, high=high) for i, v in enumerate(items))
+
+
+def check_token_ids(name: str, values: object) -> tuple[int, ...]:
+    """Token ids: a sequence of non-negative ints, checked element by element."""
+    items = as_sequence(name, values)
+    out = []
+    for i, v in enumerate(items):
+        if not is_int(v):
+            raise ArgumentTypeError(f"{name}[{i}] must be a token id (an int), got {_describe(v)}")
+        if int(v) < 0:  # type: ignore[call-overload]
+            raise ArgumentValueError(f"{name}[{i}] must be a token id >= 0, got {int(v)}")  # type: ignore[call-overload]
+        out.append(int(v))  # type: ignore[call-overload]
+    return tuple(out)
