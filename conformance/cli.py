@@ -1,4 +1,4 @@
-"""``python -m conformance``: run the suite on a backend, list backends, or test the suite itself.
+"""``python -m conformance``: run the suite on a backend or a scheduler, list backends, self-test.
 
 Exit status: 0 the backend conforms (or every planted bug was caught); 1 a
 conformance failure; 2 a usage or setup error, with a message saying what to fix.
@@ -15,6 +15,9 @@ from conformance.discovery import installed_backends, load_backend
 from conformance.plan import SetupError
 from conformance.report import text_report, write_json, write_junit
 from conformance.runner import DATABASE_DIR, PROFILES, run_suite
+from conformance.scheduler_suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
+from conformance.scheduler_suite import PROFILES as SCHEDULER_PROFILES
+from conformance.scheduler_suite import load_scheduler, run_scheduler_suite
 from conformance.selftest import selftest
 from spec.backend import DTYPES
 
@@ -28,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "list":
             return _list()
+        if args.command == "scheduler":
+            return _scheduler(args)
         return OK if selftest() else FAILED
     except SetupError as err:
         print(f"conformance: setup error: {err}", file=sys.stderr)
@@ -49,6 +54,30 @@ def _run(args: argparse.Namespace) -> int:
     )
     print(text_report(result))
     for path, writer in ((args.report, write_json), (args.junit, write_junit)):
+        if path:
+            try:
+                writer(result, Path(path))
+            except OSError as err:
+                raise SetupError(f"cannot write the report {path}: {err}") from err
+    return OK if result.passed else FAILED
+
+
+def _scheduler(args: argparse.Namespace) -> int:
+    """The scheduler suite: invariants and token-exact equivalence (conformance.scheduler_suite)."""
+    from conformance import scheduler_suite_report as report
+
+    result = run_scheduler_suite(
+        load_scheduler(args.scheduler),
+        args.scheduler,
+        profile=args.profile,
+        run_seed=args.seed,
+        database=None if args.no_database else SCHEDULER_DATABASE_DIR,
+        max_examples=args.max_examples,
+        shrink=not args.no_shrink,
+        progress=lambda line: print(f"  ... {line}", file=sys.stderr, flush=True),
+    )
+    print(report.text_report(result))
+    for path, writer in ((args.report, report.write_json), (args.junit, report.write_junit)):
         if path:
             try:
                 writer(result, Path(path))
@@ -106,4 +135,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("list", help="list installed backends (entry points paged_spec.backends)")
     sub.add_parser("selftest", help="check that the suite catches a set of planted bugs")
+    _scheduler_parser(sub)
     return parser
+
+
+def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cmd = sub.add_parser("scheduler", help="run the scheduler suite against one scheduler")
+    cmd.add_argument(
+        "--scheduler",
+        required=True,
+        help="module:factory or path/to/file.py:factory; the factory takes a SchedulerConfig",
+    )
+    cmd.add_argument("--profile", choices=sorted(SCHEDULER_PROFILES), default="quick")
+    cmd.add_argument("--seed", type=int, help="reproduce a run (every report prints its seed)")
+    cmd.add_argument(
+        "--max-examples", type=_positive, help="override the profile's example count (>= 1)"
+    )
+    cmd.add_argument("--report", metavar="FILE.json", help="write a JSON report")
+    cmd.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")
+    cmd.add_argument(
+        "--no-shrink", action="store_true", help="report the first failing workload unshrunk"
+    )
+    cmd.add_argument(
+        "--no-database",
+        action="store_true",
+        help=f"do not save or replay failing examples ({SCHEDULER_DATABASE_DIR}/)",
+    )

@@ -20,9 +20,11 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from conformance.plan import SetupError
 from spec.backend import Backend, Capabilities
@@ -41,13 +43,7 @@ def installed_backends() -> dict[str, str]:
 
 def load_backend(ref: str) -> Backend:
     """Build the backend ``ref`` names; :class:`SetupError` says what to fix if it cannot."""
-    factory_ref = _resolve(ref)
-    module_name, _, attr = factory_ref.rpartition(":")
-    if not module_name or not attr:
-        raise SetupError(f"{ref!r} is not NAME, module:factory or file.py:factory")
-    factory = getattr(_import(module_name, ref), attr, None)
-    if not callable(factory):
-        raise SetupError(f"{ref!r}: {module_name} has no callable {attr!r}")
+    attr, factory = load_callable(_resolve(ref), ref)
     try:
         backend = factory()
     except Exception as err:
@@ -68,6 +64,22 @@ def load_backend(ref: str) -> Backend:
         raise SetupError(f"{ref!r}: .capabilities must be a spec.backend.Capabilities")
     assert isinstance(backend, Backend)
     return backend
+
+
+def load_callable(factory_ref: str, ref: str | None = None) -> tuple[str, Callable[..., Any]]:
+    """The callable ``module:factory`` or ``path/to/file.py:factory`` names, and its name.
+
+    ``ref`` is what the user wrote (for messages; default ``factory_ref``).
+    Raises :class:`SetupError` saying what to fix when it cannot be imported.
+    """
+    ref = factory_ref if ref is None else ref
+    module_name, _, attr = factory_ref.rpartition(":")
+    if not module_name or not attr:
+        raise SetupError(f"{ref!r} is not NAME, module:factory or file.py:factory")
+    factory = getattr(_import(module_name, ref), attr, None)
+    if not callable(factory):
+        raise SetupError(f"{ref!r}: {module_name} has no callable {attr!r}")
+    return attr, factory
 
 
 def _resolve(ref: str) -> str:

@@ -3,7 +3,9 @@
 Runs the quick profile, with a fixed seed and without shrinking (finding is
 what is tested here; shrinking is tested in the project's own tests), against
 each backend of :data:`conformance.planted.PLANTED`, and against the correct
-numpy backend and the spec's reference backend, which must pass.
+numpy backend and the spec's reference backend, which must pass. Then the
+scheduler suite does the same for its planted schedulers
+(:mod:`conformance.scheduler_suite_selftest`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from conformance.numpy_backend import NumpyPagedBackend
 from conformance.planted import PLANTED
 from conformance.runner import run_suite
+from conformance.scheduler_suite_selftest import scheduler_selftest
 from spec.backend import ReferenceBackend
 
 SELFTEST_SEED = 20240601
@@ -42,4 +45,5 @@ def selftest(out: Callable[[str], None] = print) -> bool:
         else:
             out(f"  MISSED  {label} ({ref})")
     out(f"caught {caught}/{len(PLANTED)} in {time.monotonic() - start:.1f} s")
-    return ok and caught == len(PLANTED)
+    schedulers_ok = scheduler_selftest(out)
+    return ok and caught == len(PLANTED) and schedulers_ok
