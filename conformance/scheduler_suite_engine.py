@@ -90,8 +90,12 @@ class EngineExecutor:
             )
 
     def _swap_out(self, swaps: tuple[SwapOut, ...]) -> None:
+        num_blocks = self.scheduler.config.num_blocks
         for s in swaps:
             self._host_blocks(s.seq_id, s.host_blocks)
+            bad = [d for d in s.device_blocks if not 0 <= d < num_blocks]
+            if bad:
+                raise ValueError(f"swap-out of sequence {s.seq_id}: no device blocks {bad}")
             if len(s.device_blocks) != len(s.host_blocks):
                 raise ValueError(
                     f"swap-out of sequence {s.seq_id}: {len(s.device_blocks)} device blocks "

@@ -10,8 +10,8 @@ priorities, ``n > 1`` (forks), aborts, and both preemption modes. Needs
 
 Laid out for fast generation and shrinking: each request and its arrival
 step are one element of a list (deleting it deletes all of it), a run of
-token ids is drawn as a length and a seed, not token by token, and the
-element strategy is built once, not per example.
+token ids is drawn as a length and a seed, not token by token, and every
+strategy is built once, not per example.
 
 >>> [b for b in BLOCK_SIZES if b & (b - 1)]      # the block sizes that are not powers of two
 [3, 5, 6, 12, 48]
@@ -22,12 +22,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import cache
+from typing import TypeVar
 
 from hypothesis import strategies as st
 
 from spec.block_manager import cdiv
 from spec.request import Request
 from spec.scheduler import SchedulerConfig
+
+T = TypeVar("T")
 
 BLOCK_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 48)
 """Powers of two and not: a scheduler must never assume ``B`` divides anything."""
@@ -83,55 +86,79 @@ def workloads(
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
 ) -> Workload:
     """A random workload that every request of which can fit (admission control passes)."""
-    block_size = draw(st.sampled_from(block_sizes))
+    block_size = draw(_choice(block_sizes))
     shared = _tokens(draw, max_prompt, vocab)
-    element = _element(max_prompt, max_new, vocab, sampling)
-    drawn = draw(st.lists(element, min_size=1, max_size=max_requests))
+    drawn = draw(_request_lists(max_requests, max_prompt, max_new, vocab, sampling))
     requests = tuple(d.request(i, shared) for i, d in enumerate(drawn))
     largest = max(cdiv(r.max_kv_tokens, block_size) for r in requests)
     max_n = max(r.n for r in requests)
     config = SchedulerConfig(
-        num_blocks=largest + draw(st.just(0) | st.integers(0, largest // 2)),  # often full
+        num_blocks=largest + draw(_either(_ints(0, 0), _ints(0, largest // 2))),  # often full
         block_size=block_size,
-        max_num_batched_tokens=draw(st.integers(1, 48)),
-        max_num_seqs=draw(st.integers(max_n, max_n + 1) | st.integers(max_n, 8)),  # often few
+        max_num_batched_tokens=draw(_ints(1, 48)),
+        max_num_seqs=draw(_either(_ints(max_n, max_n + 1), _ints(max_n, 8))),  # often few
         max_model_len=max_prompt + max_new,
-        max_chunk_tokens=draw(st.none() | st.integers(1, 16)),
-        policy=draw(st.sampled_from(["fcfs", "priority"])),
-        preemption=draw(st.sampled_from(["recompute", "swap"])),
-        num_host_blocks=draw(st.integers(largest, 3 * largest) | st.integers(0, 3 * largest)),
-        enable_prefix_caching=draw(st.booleans()),
+        max_chunk_tokens=draw(_CHUNK),
+        policy=draw(_choice(("fcfs", "priority"))),
+        preemption=draw(_choice(("recompute", "swap"))),
+        num_host_blocks=draw(_either(_ints(largest, 3 * largest), _ints(0, 3 * largest))),
+        enable_prefix_caching=draw(_choice((False, True))),
     )
     arrivals = {i: d.arrival for i, d in enumerate(drawn)}
     aborts = {}
-    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):  # now and then, abort at some step
-        aborts[draw(st.integers(0, len(requests) - 1))] = draw(st.integers(0, 12))
+    for _ in range(draw(_choice((0, 0, 0, 1, 2)))):  # now and then, abort at some step
+        aborts[draw(_ints(0, len(requests) - 1))] = draw(_ints(0, 12))
     return Workload(config, requests, arrivals, aborts)
 
 
+# Strategies are built once and reused: making one costs more than drawing from it.
+
+
 @cache
-def _element(
-    max_prompt: int, max_new: int, vocab: int, sampling: bool
-) -> st.SearchStrategy[_Drawn]:
-    """The strategy of one list element, built once per setting (strategies are costly to make)."""
-    return _drawn(max_prompt, max_new, vocab, sampling)
+def _ints(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.integers(low, high)
+
+
+@cache
+def _choice(values: tuple[T, ...]) -> st.SearchStrategy[T]:
+    return st.sampled_from(values)
+
+
+@cache
+def _either(a: st.SearchStrategy[int], b: st.SearchStrategy[int]) -> st.SearchStrategy[int]:
+    return a | b
+
+
+_CHUNK: st.SearchStrategy[int | None] = st.none() | st.integers(1, 16)
+
+
+@cache
+def _request_lists(
+    max_requests: int, max_prompt: int, max_new: int, vocab: int, sampling: bool
+) -> st.SearchStrategy[list[_Drawn]]:
+    return st.lists(_drawn(max_prompt, max_new, vocab, sampling), min_size=1, max_size=max_requests)
 
 
 @st.composite
 def _drawn(draw: st.DrawFn, max_prompt: int, max_new: int, vocab: int, sampling: bool) -> _Drawn:
-    head = draw(st.integers(0, max_prompt))
+    head = draw(_ints(0, max_prompt))
     return _Drawn(
         head=head,
         tail=_tokens(draw, max_prompt - head, vocab),
-        max_new_tokens=draw(st.integers(1, max_new)),
-        stop_tokens=frozenset(draw(st.lists(st.integers(0, vocab - 1), max_size=2))),
-        priority=draw(st.integers(0, 2)),
-        n=draw(st.sampled_from([1, 1, 1, 2, 3])),
-        temperature=draw(st.sampled_from([0.0, 1.0])) if sampling else 0.0,
-        seed=draw(st.integers(0, 1000)),
-        request_class=draw(st.sampled_from(["chat", "batch"])),
-        arrival=draw(st.integers(0, 5)),
+        max_new_tokens=draw(_ints(1, max_new)),
+        stop_tokens=frozenset(draw(_stop_tokens(vocab))),
+        priority=draw(_ints(0, 2)),
+        n=draw(_choice((1, 1, 1, 2, 3))),
+        temperature=draw(_choice((0.0, 1.0) if sampling else (0.0,))),
+        seed=draw(_ints(0, 1000)),
+        request_class=draw(_choice(("chat", "batch"))),
+        arrival=draw(_ints(0, 5)),
     )
+
+
+@cache
+def _stop_tokens(vocab: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(_ints(0, vocab - 1), max_size=2)
 
 
 def _tokens(draw: st.DrawFn, max_len: int, vocab: int) -> tuple[int, ...]:
@@ -140,6 +167,6 @@ def _tokens(draw: st.DrawFn, max_len: int, vocab: int) -> tuple[int, ...]:
     Which ids a prompt holds matters to a scheduler only through sharing
     (prefix hits) and stop tokens, so they need not shrink one by one.
     """
-    length = draw(st.integers(0, max_len))
-    rng = random.Random(draw(st.integers(0, 2**16)))
+    length = draw(_ints(0, max_len))
+    rng = random.Random(draw(_ints(0, 2**16)))
     return tuple(rng.randrange(vocab) for _ in range(length))
