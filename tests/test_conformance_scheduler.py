@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,13 +47,21 @@ EXAMPLE = ROOT / "tests" / "third_party_scheduler" / "my_scheduler.py"
 CONTINUOUS = "spec.scheduler:ContinuousScheduler"
 
 
-def test_continuous_scheduler_passes_and_writes_both_reports(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_continuous_scheduler_passes_and_writes_both_reports(tmp_path: Path) -> None:
+    """The command itself, in a fresh interpreter (the seed decides the run given its imports)."""
     report, junit = tmp_path / "r.json", tmp_path / "new" / "dir" / "r.xml"  # dirs made
     argv = ["scheduler", "--scheduler", CONTINUOUS, "--seed", "2", "--max-examples", "40"]
-    assert main([*argv, "--no-database", "--report", str(report), "--junit", str(junit)]) == 0
-    out = capsys.readouterr().out
+    argv += ["--no-database", "--report", str(report), "--junit", str(junit)]
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
     assert f"scheduler {CONTINUOUS!r} (profile quick, seed 2): PASSED" in out
     assert "paths exercised" in out and "invariants checked" in out and "skipped:" not in out
     data = json.loads(report.read_text())
