@@ -288,3 +288,19 @@ def test_the_last_checks_catch_what_they_are_for(broken: type, rule: str, messag
     with pytest.raises(SchedulerInvariantError) as info:
         check_workload(broken, _WORKLOAD)
     assert info.value.rule == rule and message in str(info.value)
+
+
+def test_the_seed_alone_decides_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not which modules were imported, nor their constants (Hypothesis draws from those)."""
+
+    def run() -> tuple[int, int, dict[str, int]]:
+        result = run_scheduler_suite(
+            ContinuousScheduler, "x", run_seed=8, max_examples=20, database=None
+        )
+        return result.stats.steps, result.stats.requests, dict(result.stats.paths)
+
+    before = run()
+    (tmp_path / "many_constants.py").write_text(f"VALUES = {list(range(-3, 4000, 7))}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("many_constants")
+    assert run() == before
