@@ -64,7 +64,15 @@ class Lockstep:
         self.manager = BlockManager(
             g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching
         )
-        self.memory = KVMemory(g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        self.memory = KVMemory(
+            g.num_layers,
+            g.num_blocks,
+            g.block_size,
+            g.num_kv_heads,
+            g.head_dim,
+            kv_dtype=g.kv_dtype,
+            kv_scales=g.kv_scales,
+        )
         self.truth = TokenKV(config)
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.step_index = 0
@@ -213,7 +221,10 @@ class Lockstep:
         )
         self.memory.write(layer, key, value, batch.slot_mapping)
         query = queries(c, self.step_index, layer, batch.num_tokens)
-        actual = self._call("attention", self.backend.attention, layer, _f32(query), batch, c.scale)
+        variant = c.variant(layer)
+        extra = {} if variant.is_plain else {"variant": variant}  # plain calls stay unchanged
+        attend = self.backend.attention
+        actual = self._call("attention", attend, layer, _f32(query), batch, c.scale, **extra)
         actual = _f64(actual)
         if actual.shape != query.shape:
             self._fail(
@@ -221,7 +232,10 @@ class Lockstep:
                 f"attention returned shape {actual.shape}, expected {query.shape}",
                 layer=layer,
             )
-        expected = paged_attention(query, batch, self.memory, layer, c.scale)
+        group = c.geometry.group_of(layer)
+        expected = paged_attention(
+            query, batch, self.memory, layer, c.scale, variant=variant, group=group
+        )
         return expected, actual
 
     def _new_kv(self, layer: int, batch: BatchMetadata) -> tuple[F64, F64]:
@@ -243,9 +257,9 @@ class Lockstep:
                 owners.setdefault(table[pos // b] * b + pos % b, (seq_id, pos))
         return owners
 
-    def _call(self, what: str, fn: Callable[..., _T], *args: object) -> _T:
+    def _call(self, what: str, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except ConformanceFailure:
             raise
         except Exception as err:

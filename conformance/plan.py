@@ -20,6 +20,7 @@ fork and copy-on-write rules: capabilities.copy_on_write is False
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -146,7 +147,7 @@ def plan_for(capabilities: Capabilities, dtypes: Iterable[str] | None = None) ->
 
 
 def _choose(
-    label: str, ours: tuple[int, ...], declared: frozenset[int] | None, skipped: list[str]
+    label: str, ours: tuple[int, ...], declared: AbstractSet[int] | None, skipped: list[str]
 ) -> tuple[int, ...]:
     """Our values the backend supports; its two smallest if it supports none of ours."""
     if declared is None:

@@ -458,6 +458,7 @@ class ContinuousScheduler:
             return False
         self._manager.add_sequence(seq.seq_id, [])
         slots = self._manager.append_slots(seq.seq_id, seq.tokens[: seq.num_computed])
+        self._manager.mark_written(seq.seq_id)  # the swap-in writes their KV, not the batch
         plan.swap_in.append(SwapIn(seq.seq_id, tuple(seq.host_blocks), tuple(slots)))
         self.host.free(seq.host_blocks)
         seq.host_blocks = []
