@@ -40,6 +40,8 @@ nothing), so a kernel that writes past its cache cannot corrupt the checking
 process; the outputs of a call with violations are meaningless, and the
 violation is the failure. Hooks exist only inside ``watch``: an unchecked run
 executes the interpreter's own code, and ``watch`` restores it exactly on exit.
+The hooks are process-wide, as the interpreter is: one ``watch`` at a time
+(nesting raises), and no interpreted launches in other threads meanwhile.
 
 >>> v = Violation("attention", 0, "kernel", 1, "load", "outside", "block_tables",
 ...               "int32 [2, 3]", True, 6, 1, 1, 4, (1, 0, 0))
