@@ -135,11 +135,9 @@ def test_cli_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture
     for name in ("rate_sweep.png", "kv_utilization.png", "batch_membership.png"):
         png = (tmp_path / "out" / name).read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 10_000, name
-    for bad, says in [
+    for bad, says in [  # argparse errors are in tests/test_cli_args.py
         (["--traffic", "nope"], "nope"),
-        (["--rates", "fast"], "fast"),
         (["--kv-pool-gib", "0.01"], "cannot hold one 2048-token sequence"),
-        (["--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
     ]:
         assert main([*bad, "--out", str(tmp_path / "x")]) == 2, bad
         assert says in capsys.readouterr().err, bad
