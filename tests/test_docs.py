@@ -127,3 +127,22 @@ def test_docstring_examples_are_fenced_for_the_site() -> None:
         "After.",
     ]
     assert fence_doctests(">>> 1\n1").endswith("1\n```")  # an example that ends the text
+
+
+def test_api_pages_show_fields_and_private_rules() -> None:
+    """Dataclass fields get their trailing comments; functions list the private rules they call."""
+    import griffe
+
+    extensions = griffe.load_extensions(
+        tools._griffe_pycon.FieldComments, tools._griffe_pycon.PrivateCalls
+    )
+    spec = griffe.load("spec", search_paths=[str(ROOT)], extensions=extensions)
+    config = spec["scheduler.SchedulerConfig"]
+    assert "host pool for swapping" in config["num_host_blocks"].docstring.value
+    append = spec["block_manager.BlockManager.append_slots"].docstring.value
+    assert "[`_needs_copy`][spec.block_manager.BlockManager._needs_copy]" in append, append
+    assert "[`_copy_on_write`]" in append
+    step = spec["scheduler.ContinuousScheduler.step"].docstring.value
+    assert "[`_admit`][spec.scheduler.ContinuousScheduler._admit]" in step, step
+    schedule = spec["scheduler.ContinuousScheduler._schedule_running"].docstring.value
+    assert "[`_preempt`]" in schedule, schedule
