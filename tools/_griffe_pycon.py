@@ -63,7 +63,7 @@ def trailing_comment(line: str) -> str | None:
 
 
 def called_names(source: str) -> list[str]:
-    """Private names called in ``source`` (``self._x(``, ``cls._x(``, ``_x(``), in first-call order."""
+    """Private names called in ``source`` (``self._x(``, ``_x(``), in first-call order."""
     return list(dict.fromkeys(_CALL.findall(source)))
 
 
