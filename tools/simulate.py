@@ -38,6 +38,7 @@ from spec.kv_budget import GIB
 from tools._cli import positive_float, positive_floats, positive_int
 from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS
 from tools._sim_run import POLICIES, EngineConfig, Timeline, run
+from tools._sim_scenarios import SCENARIOS
 from tools._sim_traffic import LENGTH_PRESETS, TraceRequest, load_trace, poisson_trace
 
 __all__ = ["SimConfig", "main", "simulate", "write_outputs"]
@@ -231,12 +232,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        help="print one lesson's table instead (its own fixed trace; no files written)",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.scenario:
+        print("\n".join(SCENARIOS[args.scenario]()))
+        return 0
     if args.max_model_len < 2:
         parser.error(
             f"argument --max-model-len: must be >= 2 (a prompt and an output token), "
