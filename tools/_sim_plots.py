@@ -80,7 +80,7 @@ def _kv_utilization(results: dict[str, Any]) -> Any:
     ax.set_xlabel("simulated time, s")
     ax.set_ylabel("KV slots holding a token / pool")
     ax.set_title(f"KV utilization at {results['main']['rate']:g} requests / s")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig

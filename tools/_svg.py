@@ -249,12 +249,12 @@ def _seq_width(seq: SeqView, bw: float) -> float:
     return max(len(seq.table), 1) * (bw + GAP) - GAP
 
 
-def _memory_size(state: MemoryState, per_row: int) -> tuple[float, float]:
+def _memory_size(state: MemoryState, per_row: int, subtitle: str) -> tuple[float, float]:
     bw = _block_width(state.block_size)
     seqs_w = LEFT + sum(_seq_width(s, bw) + SEQ_GAP for s in state.sequences)
     pool_w = LEFT + min(per_row, len(state.ref_counts)) * (bw + GAP)
     rows = -(-len(state.ref_counts) // per_row)
-    return max(seqs_w, pool_w) + 10, 30 + 96 + 40 + rows * ROW + 12
+    return max(seqs_w, pool_w) + 10, 30 + 96 + 40 + rows * ROW + 12 + (22 if subtitle else 0)
 
 
 def _arrow_to_block(
@@ -279,7 +279,8 @@ def _draw_panel(svg: Svg, y0: float, subtitle: str, state: MemoryState, per_row:
     b, bw = state.block_size, _block_width(state.block_size)
     if subtitle:
         svg.text(10, y0 + 10, subtitle, anchor="start", size=14, bold=True)
-    seq_y, pool_y = y0 + 48, y0 + 30 + 96 + 40
+    top = y0 + (22 if subtitle else 0)  # room for the subtitle
+    seq_y, pool_y = top + 48, top + 30 + 96 + 40
     tops: dict[int, tuple[float, float]] = {}  # block -> (x center, top y) in the pool
     for n in range(len(state.ref_counts)):
         row, col = divmod(n, per_row)
@@ -335,7 +336,7 @@ def draw_memory(title: str, panels: Sequence[tuple[str, MemoryState]], *, per_ro
 
     A panel's subtitle may be empty (a one-panel picture needs none).
     """
-    sizes = [_memory_size(state, per_row) for _, state in panels]
+    sizes = [_memory_size(state, per_row, subtitle) for subtitle, state in panels]
     width = max(max(w for w, _ in sizes), 560, 20 + 8.6 * len(title))
     height = 34 + sum(h for _, h in sizes) + 30
     svg = Svg(width, height)
