@@ -35,11 +35,9 @@ stale block; ``--write`` rewrites the stale blocks in place.
 >>> page = "Hi\\n<!-- output: python -c 'print(6 * 7)' -->\\n```console\\n$ python ...\\n```\\n"
 >>> [(b.command, b.line) for b in find_blocks(page)]
 [("python -c 'print(6 * 7)'", 3)]
->>> print(render(find_blocks(page)[0], run_command(find_blocks(page)[0])))
-```console
-$ python -c 'print(6 * 7)'
-42
-```
+>>> block = find_blocks(page)[0]
+>>> render(block, run_command(block)).splitlines()  # the fresh block, fences included
+['```console', "$ python -c 'print(6 * 7)'", '42', '```']
 """
 
 from __future__ import annotations
