@@ -17,9 +17,10 @@ import torch
 from hypothesis import settings
 from numpy.typing import NDArray
 
-from spec.batch import BatchMetadata, build_batch
+from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
 from spec.kv_memory import KVMemory
+from tools._batches import context_step
 
 F64 = NDArray[np.float64]
 
@@ -99,18 +100,14 @@ def make_scenario(
     m = shuffled_manager(num_blocks, block_size, seed)
     mem = KVMemory(num_layers, num_blocks, block_size, num_kv_heads, head_dim)
     context_writes: list[tuple[int, F64, F64, list[int]]] = []
-    for seq, (context, new) in enumerate(work):
-        m.add_sequence(seq, [0] * (context + new))
-        slots = m.append_slots(seq, [0] * context)
-        m.mark_written(seq)  # the context's KV is written directly below, not by this step
-        slots += m.append_slots(seq, [0] * new)
+    batch, context_slots = context_step(m, work)
+    for (context, _), slots in zip(work, context_slots, strict=True):
         for layer in range(num_layers):
             if context:
                 k = rounded(gen, (context, num_kv_heads, head_dim), dtype)
                 v = rounded(gen, (context, num_kv_heads, head_dim), dtype)
-                mem.write(layer, k, v, slots[:context])
-                context_writes.append((layer, k, v, slots[:context]))
-    batch = build_batch(m, [(seq, new) for seq, (_, new) in enumerate(work)])
+                mem.write(layer, k, v, slots)
+                context_writes.append((layer, k, v, slots))
     t, h = batch.num_tokens, num_kv_heads * group
     keys = [rounded(gen, (t, num_kv_heads, head_dim), dtype) for _ in range(num_layers)]
     values = [rounded(gen, (t, num_kv_heads, head_dim), dtype) for _ in range(num_layers)]

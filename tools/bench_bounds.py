@@ -25,8 +25,9 @@ import backend_gpu  # noqa: F401  (interpreter on CPU-only machines, before trit
 from backend_gpu.triton_backend import TritonBackend
 from conformance.bounds import BoundsChecker
 from spec.backend import KVGeometry
-from spec.batch import BatchMetadata, build_batch
+from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
+from tools._batches import context_step
 
 __all__ = ["main"]
 
@@ -40,10 +41,7 @@ def _step(work: Sequence[tuple[int, int]]) -> tuple[TritonBackend, BatchMetadata
     rng = np.random.default_rng(0)
     blocks = sum(-(-(c + n) // _B) for c, n in work) + 1
     manager = BlockManager(blocks, _B)
-    for seq, (context, new) in enumerate(work):
-        manager.add_sequence(seq, [0] * (context + new))
-        manager.append_slots(seq, [0] * (context + new))
-    batch = build_batch(manager, [(seq, new) for seq, (_, new) in enumerate(work)])
+    batch, _ = context_step(manager, work)
     backend = TritonBackend(device="cpu", num_splits=4)
     backend.create_cache(KVGeometry(1, blocks, _B, _KV_HEADS, _D))
     slots = list(range(blocks * _B))
