@@ -42,9 +42,11 @@ def test_extra_keys_separate_equal_tokens() -> None:
 def test_freed_prefix_stays_cached_until_evicted() -> None:
     m = BlockManager(3, 4, enable_prefix_caching=True)
     _run(m, 0, list(range(9)))  # 3 blocks: 2 full (cached) + 1 partial
+    m.take_copies()  # the step that writes them is laid out
     m.free(0)
     assert (m.pool.num_cached, m.pool.num_free) == (2, 1)
     assert _run(m, 1, list(range(9))) == 8, "a freed but cached prefix still hits"
+    m.take_copies()
     m.free(1)
     _run(m, 2, [7] * 12)  # needs every block: evicts both cached blocks
     assert m.pool.num_cached == 0 and m.pool.num_evictions == 2
