@@ -80,10 +80,8 @@ def report(sizes: Sequence[int], repeats: int) -> str:
         cells = [r[op] for r, _ in results]
         rows.append([op, *map(_format, cells), f"{cells[-1] / cells[0]:.2f}x"])
     setups = [s for _, s in results]
-    rows.append(
-        ["build the step (P forked appends)", *map(_format, setups)]
-        + [f"{setups[-1] / setups[0]:.0f}x (P grew {hi / lo:,.0f}x)"]
-    )
+    growth = f"{setups[-1] / setups[0]:.0f}x (P grew {hi / lo:,.0f}x)"
+    rows.append(["build the step (P forked appends)", *map(_format, setups), growth])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
         " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
