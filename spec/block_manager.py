@@ -352,11 +352,11 @@ class BlockManager:
     def _cache_hits(
         self, tokens: tuple[int, ...], extra_keys: tuple[Hashable, ...]
     ) -> list[tuple[BlockHash, int]]:
-        """The prompt's leading resident full blocks, as ``(hash, block)``: one rule for both
-        :meth:`cached_prefix` and :meth:`add_sequence`.
+        """The prompt's leading resident full blocks, as ``(hash, block)``.
 
-        At least one token is left to compute, and the first miss ends the
-        run: hashes are chained, so nothing after a miss can hit.
+        One rule for :meth:`cached_prefix` and :meth:`add_sequence`: at least
+        one token is left to compute, and the first miss ends the run (hashes
+        are chained, so nothing after a miss can hit).
         """
         if not self.enable_prefix_caching or not tokens:
             return []

@@ -169,6 +169,7 @@ def test_a_pending_copy_keeps_its_source_until_taken() -> None:
     m.append_slots(1, [3])  # copy 0 -> 1 pending
     m.free(0)
     assert m.pool.ref_count(0) == 1 and m.pool.num_free == 14, "block 0 is not reusable yet"
+    m.check_integrity()  # the pin is block 0's only holder
     assert m.take_copies() == [(0, 1)]
     assert m.pool.ref_count(0) == 0 and m.pool.num_free == 15
 
@@ -222,3 +223,65 @@ def test_a_block_the_last_writer_filled_in_place_is_not_cached_if_freed_mid_step
     assert m.pool.block_hash(0) is None and m.pool.ref_count(0) == 0 and m.pool.num_cached == 0
     assert m.cached_prefix([1, 2, 5]) == 2, "block 1, which the step writes, stays findable"
     m.check_integrity()
+
+
+# -- the paging formula, the capacity check, prefix statistics ----------------------------
+
+
+def test_slot_is_the_slot_append_slots_gave() -> None:
+    """Over a shuffled pool and through a copy-on-write, position by position."""
+    m = BlockManager(12, 4)
+    taken = [m.pool.allocate() for _ in range(12)]
+    for b in (7, 2, 9, 4, 11, 0, 5, 1, 3, 6, 8, 10):
+        m.pool.decref(taken[b])  # the free list now starts 7, 2, 9, ...
+    m.add_sequence(0, [])
+    slots = m.append_slots(0, list(range(10)))
+    m.take_copies()
+    m.fork(0, 1)
+    new = m.append_slots(1, [10, 11, 12])  # positions 10, 11 in a copy of the last block; 12 beyond
+    copy = new[0] - 2  # the copy's first slot: positions 8 and 9 moved there with it
+    child = [*slots[:8], copy, copy + 1, *new]
+    for seq, expected in ((0, slots), (1, child)):
+        got = [m.slot(seq, p) for p in range(m.num_tokens(seq))]
+        assert got == expected and all(type(s) is int for s in got)
+    assert m.slot(1, 9) != m.slot(0, 9), "the copied block moved position 9 of the fork"
+    assert m.slot(1, 0) == m.slot(0, 0) == 7 * 4, "the shared first block did not move"
+
+
+def test_can_append_up_to_exactly_the_available_blocks() -> None:
+    m = BlockManager(3, 2)
+    m.add_sequence(0, [])
+    assert m.blocks_needed(0, 6) == 3 == m.pool.num_available
+    assert m.can_append(0, 6) and not m.can_append(0, 7)
+
+
+def test_failed_appends_are_each_counted() -> None:
+    m = BlockManager(1, 2)
+    m.add_sequence(0, [])
+    for expected in (1, 2):
+        with pytest.raises(OutOfBlocksError):
+            m.append_slots(0, [1, 2, 3])
+        assert m.pool.num_allocation_failures == expected
+
+
+def test_a_hit_continues_the_chain_of_hashes() -> None:
+    """Blocks a sequence fills after its cached prefix are named after that prefix, so they hit."""
+    m = BlockManager(8, 2, enable_prefix_caching=True)
+    _laid_out(m, 0, [1, 2, 3])
+    assert m.add_sequence(1, [1, 2, 5]) == 2
+    m.append_slots(1, [5, 6, 7])
+    m.take_copies()
+    assert m.cached_prefix([1, 2, 5, 6, 9]) == 4
+
+
+def test_prefix_statistics_add_up_and_count_only_with_caching_on() -> None:
+    m = BlockManager(8, 2, enable_prefix_caching=True)
+    _laid_out(m, 0, [1, 2, 3])
+    _laid_out(m, 1, [1, 2, 4])
+    _laid_out(m, 2, [1, 2, 5])
+    assert (m.prefix_stats.queried_tokens, m.prefix_stats.hit_tokens) == (9, 4)
+    off = BlockManager(8, 2)
+    _laid_out(off, 0, [1, 2, 3])
+    _laid_out(off, 1, [1, 2, 4])
+    assert (off.prefix_stats.queried_tokens, off.prefix_stats.hit_tokens) == (0, 0)
+    assert off.prefix_stats.hit_rate == 0.0
