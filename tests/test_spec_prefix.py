@@ -6,6 +6,7 @@ import pytest
 
 from spec.block_manager import BlockManager
 from spec.errors import InvalidRequestError
+from spec.prefix_cache import prompt_block_hashes
 
 
 def _run(m: BlockManager, seq: int, prompt: list[int], extra: tuple[str, ...] = ()) -> int:
@@ -116,3 +117,12 @@ def test_numpy_token_ids_name_the_same_blocks() -> None:
     m = BlockManager(8, 4, enable_prefix_caching=True)
     _run(m, 0, list(range(9)))
     assert m.cached_prefix([np.int64(t) for t in range(9)]) == 8  # type: ignore[misc]
+
+
+def test_caching_off_never_consults_the_pools_index() -> None:
+    """Off means off: even a hash registered straight into the pool is never looked up."""
+    m = BlockManager(8, 4)
+    _run(m, 0, list(range(9)))
+    m.pool.register(m.block_table(0)[0], prompt_block_hashes(list(range(4)), 4)[0])
+    assert m.cached_prefix(list(range(9))) == 0
+    assert m.add_sequence(1, list(range(9))) == 0
