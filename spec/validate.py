@@ -31,7 +31,7 @@ spec.errors.ArgumentValueError: scale must be finite and > 0, got nan
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -141,3 +141,27 @@ def check_token_ids(name: str, values: object) -> tuple[int, ...]:
             raise ArgumentValueError(f"{name}[{i}] must be a token id >= 0, got {int(v)}")  # type: ignore[call-overload]
         out.append(int(v))  # type: ignore[call-overload]
     return tuple(out)
+
+
+def check_hash(name: str, value: object) -> bytes:
+    """A block's content hash: non-empty ``bytes`` (see :mod:`spec.prefix_cache`).
+
+    Empty bytes are refused: they would read as "no parent" in a chained hash.
+    """
+    if not isinstance(value, bytes):
+        raise ArgumentTypeError(f"{name} must be bytes (a block hash), got {_describe(value)}")
+    if not value:
+        raise ArgumentValueError(f"{name} must be a non-empty block hash, got b''")
+    return value
+
+
+def check_keys(name: str, values: object) -> tuple[Hashable, ...]:
+    """Extra hash keys: a list or tuple of hashable values (a string is one key, not a list)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise ArgumentTypeError(f"{name} must be a list or tuple of keys, got {_describe(values)}")
+    for i, key in enumerate(values):
+        try:
+            hash(key)
+        except TypeError:
+            raise ArgumentTypeError(f"{name}[{i}] must be hashable, got {_describe(key)}") from None
+    return tuple(values)
