@@ -134,7 +134,7 @@ class BlockManager:
 
     def num_uncommitted(self, seq_id: int) -> int:
         """Tokens appended since the sequence was last laid out in a batch (KV not yet written)."""
-        seq = self._get(seq_id)
+        seq = self._get("seq_id", seq_id)
         return len(seq.tokens) - seq.num_committed
 
     def slot(self, seq_id: int, position: int) -> int:
@@ -233,7 +233,7 @@ class BlockManager:
         Tokens appended by :meth:`append_slots` are otherwise written by the
         step that schedules them (:func:`spec.batch.build_batch` checks that).
         """
-        seq = self._get(seq_id)
+        seq = self._get("seq_id", seq_id)
         seq.num_committed = len(seq.tokens)
 
     def fork(self, parent_id: int, child_id: int) -> None:
