@@ -151,12 +151,12 @@ class ContinuousScheduler:
 
     def abort(self, request_id: int) -> None:
         """Drop a request (between steps): free its device and host blocks now."""
-        if self._pending is not None:
-            raise InvalidRequestError("abort() between update() and step(), not mid-step")
         request_id = check_int("request_id", request_id)
         seqs = self._requests.get(request_id)
         if seqs is None or request_id in self._results:
             raise ArgumentValueError(f"request_id {request_id} is not in flight")
+        if self._pending is not None:
+            raise InvalidRequestError("abort() between update() and step(), not mid-step")
         for seq in seqs:
             if seq.status in (SeqStatus.FINISHED, SeqStatus.ABORTED):
                 continue
