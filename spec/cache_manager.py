@@ -40,7 +40,7 @@ to each group in turn, so a failure in one group changes nothing in any;
 >>> cache.can_admit([1] * 10, chunk_limit=8)        # the first chunk of 8 needs 2 blocks
 True
 >>> cache.admit(0, [1] * 10, chunk_limit=8)
-Admission(num_cached=0, num_new=8)
+Admission(cached_tokens=0, new_tokens=8)
 >>> cache.can_grow(0, 2), cache.grow(0, [1, 1])     # the prompt's last 2 tokens, a 3rd block
 (True, [8, 9])
 >>> swap = cache.preempt(0, swap=cache.can_swap_out(0))
@@ -90,8 +90,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class Admission:
     """What :meth:`CacheManager.admit` did: prompt tokens the cache supplied, tokens given slots."""
 
-    num_cached: int
-    num_new: int
+    cached_tokens: int
+    new_tokens: int
 
 
 @dataclass(frozen=True)

@@ -290,13 +290,13 @@ class ContinuousScheduler:
             return False
         admitted = self._cache.admit(seq.seq_id, seq.tokens, limit)
         self._waiting.discard(seq)
-        seq.num_computed = admitted.num_cached
+        seq.num_computed = admitted.cached_tokens
         seq.status = SeqStatus.RUNNING
         self._running[seq.seq_id] = seq
         if seq.preempted:
             seq.preempted = False
             plan.resumed.append(seq.seq_id)
-        self._charge(seq, admitted.num_new, plan)
+        self._charge(seq, admitted.new_tokens, plan)
         return True
 
     def _swap_in(self, seq: Sequence, plan: _Plan) -> bool:

@@ -74,6 +74,7 @@ _POSITIVE = (
     "max_model_len",
     "aging_steps",
 )
+_NON_NEGATIVE = ("num_host_blocks",)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ class SchedulerConfig:
             values["max_chunk_tokens"] = check_positive("max_chunk_tokens", self.max_chunk_tokens)
         values["policy"] = check_choice("policy", self.policy, ("fcfs", "priority"))
         values["preemption"] = check_choice("preemption", self.preemption, ("recompute", "swap"))
-        values["num_host_blocks"] = check_int("num_host_blocks", self.num_host_blocks, low=0)
+        for name in _NON_NEGATIVE:
+            values[name] = check_int(name, getattr(self, name), low=0)
         values["enable_prefix_caching"] = check_bool(
             "enable_prefix_caching", self.enable_prefix_caching
         )

@@ -75,6 +75,7 @@ class StaticScheduler(ContinuousScheduler):
         super().__init__(config)
         self._max_wait_steps = check_int("max_wait_steps", max_wait_steps, low=0)
         self._lobby = RankedQueue()  # submitted, not yet in a batch
+        self._batch: frozenset[int] = frozenset()  # request ids of the batch in flight
 
     @property
     def max_wait_steps(self) -> int:
@@ -84,6 +85,11 @@ class StaticScheduler(ContinuousScheduler):
     def batch_running(self) -> bool:
         """Is a batch in flight (some member not finished)? Then nobody else may join."""
         return bool(self._waiting or self._swapped or self._running)
+
+    @property
+    def batch(self) -> frozenset[int]:
+        """Request ids of the batch in flight (empty between batches)."""
+        return self._batch if self.batch_running else frozenset()
 
     def has_unfinished(self) -> bool:
         return bool(self._lobby) or super().has_unfinished()
@@ -109,8 +115,10 @@ class StaticScheduler(ContinuousScheduler):
     def _admit(self, plan: _Plan) -> None:
         """Start the next batch if none is in flight and it is full or timed out; admit members."""
         if not self.batch_running:
-            for _ in range(self._launch_size()):
-                self._waiting.push(self._lobby.pop())  # batch members wait as usual
+            members = [self._lobby.pop() for _ in range(self._launch_size())]
+            for seq in members:
+                self._waiting.push(seq)  # batch members wait as usual
+            self._batch = frozenset(s.request.request_id for s in members)
         super()._admit(plan)
 
     def _launch_size(self) -> int:
