@@ -1,6 +1,7 @@
 """Benchmark the continuous scheduler's own time per step (no model), at small and large loads.
 
-Run ``python -m tools.bench_scheduler`` (``--quick`` for a short run). Each
+Run ``python -m tools.bench_scheduler`` (``--quick`` for a smoke run,
+``--repeats N`` for steadier figures on a busy machine). Each
 scenario fills a :class:`~spec.scheduler.ContinuousScheduler` through its
 public API only, lets every running request reach its decode phase, then
 times ``step()`` + ``update()`` (one sampled token per sample slot) over a
@@ -85,11 +86,24 @@ def measure(s: Scenario, steps: int, repeats: int) -> float:
     return best
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    parser.add_argument("--quick", action="store_true", help="5 steps, once (a smoke test)")
+    parser.add_argument(
+        "--repeats", type=_positive, default=5, help="runs per scenario; the best is kept"
+    )
     args = parser.parse_args(argv)
-    steps, repeats = (5, 1) if args.quick else (40, 3)
+    steps, repeats = (5, 1) if args.quick else (40, args.repeats)
     print(f"scheduler time per step (step + update, no model), best of {repeats} x {steps} steps")
     print(f"{'scenario':<28} {'ms/step':>9} {'us/running':>11} {'ratio':>8}")
     base: float | None = None
