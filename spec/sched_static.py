@@ -26,6 +26,10 @@ finished, and a batch's worst case fits the pool, so it never preempts (only
 a lone request whose ``n`` samples together exceed the pool may, as a batch
 always takes at least one request).
 
+Cost: while a batch is in flight the lobby is not looked at; between batches
+each step looks at the lobby's first ``max_num_seqs`` requests (O(W log S)
+for ``W`` waiting and ``S`` seats).
+
 Three requests of 3 new tokens each, submitted before steps 0, 1 and 2, two
 seats. Taking what is waiting runs request 0 alone, and the other two wait
 for it. Waiting to fill (``max_wait_steps=3``) idles one step, runs 0 and 1
@@ -79,6 +83,7 @@ class StaticScheduler(ContinuousScheduler):
 
     @property
     def max_wait_steps(self) -> int:
+        """Steps a batch may wait to fill (0: it never waits)."""
         return self._max_wait_steps
 
     @property

@@ -4,7 +4,9 @@ Each step a scheduler returns a :class:`SchedulerOutput`: the batch layout,
 the input token of every row, the :class:`SampleSlot` of every token to
 sample, and the memory moves (swap-outs, copies, swap-ins) to execute first.
 The caller reports one sampled token per slot, and receives a
-:class:`FinishedRequest` for each request that left the system.
+:class:`FinishedRequest` for each request that left the system. A step may
+also be empty (no rows, no samples): a static scheduler waiting for its batch
+to fill (:mod:`spec.sched_static`).
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ class SchedulerOutput:
 
 @runtime_checkable
 class Scheduler(Protocol):
-    """What the engine, the simulator and the invariant checker need from a scheduler."""
+    """What the engine, the simulator and the invariant checker need from a scheduler.
+
+    Every method either completes or raises a :class:`~spec.errors.SpecError`
+    (naming the bad argument) having changed nothing, so a caller can abort
+    the offending request and carry on.
+    """
 
     @property
     def config(self) -> SchedulerConfig: ...

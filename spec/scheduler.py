@@ -24,8 +24,8 @@ retried, a refused request never enters, and the others carry on.
 
 Each step (:meth:`ContinuousScheduler.step`):
 
-1. **Running sequences first**, best rank first. Each gets
-   the tokens it still has to compute, up to the step's token budget
+1. **Running sequences first**, best rank first. Each gets the tokens it
+   still has to compute, up to the step's token budget
    (``max_num_batched_tokens``) and ``max_chunk_tokens``: a decode is one
    token, a long prompt is cut into chunks. If the pool cannot hold them,
    the worst running sequence not yet scheduled this step is preempted (it
