@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from conformance.compare import Difference, first_kv_difference, first_output_difference
 from conformance.dtypes import F64, TOLERANCES
+from conformance.guard import BackendFault, CallGuard
 from conformance.workload import TokenKV, WorkloadConfig, background, padding_rows, queries
 from spec.attention import paged_attention
 from spec.backend import Backend
@@ -39,6 +40,7 @@ from spec.batch import BatchMetadata, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
 from spec.errors import OutOfBlocksError
 from spec.kv_memory import KVMemory
+from spec.quant import dequantize, quantize
 
 _T = TypeVar("_T")
 
@@ -56,15 +58,28 @@ class Lockstep:
     """Drives ``backend`` and the spec through the same workload; raises on the first difference."""
 
     def __init__(
-        self, backend: Backend, config: WorkloadConfig, checks: Counter[str] | None = None
+        self,
+        backend: Backend,
+        config: WorkloadConfig,
+        checks: Counter[str] | None = None,
+        guard: CallGuard | None = None,
     ) -> None:
         g = config.geometry
         self.backend = backend
+        self.guard = CallGuard() if guard is None else guard
         self.config = config
         self.manager = BlockManager(
             g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching
         )
-        self.memory = KVMemory(g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        self.memory = KVMemory(
+            g.num_layers,
+            g.num_blocks,
+            g.block_size,
+            g.num_kv_heads,
+            g.head_dim,
+            kv_dtype=g.kv_dtype,
+            kv_scales=g.kv_scales,
+        )
         self.truth = TokenKV(config)
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.step_index = 0
@@ -149,13 +164,23 @@ class Lockstep:
             table = self.manager.block_table(seq_id)
             for layer in range(self.config.geometry.num_layers):
                 k, v = self.memory.gather(layer, table, len(tokens))
-                tk, tv = self.truth.rows(tokens, layer)
+                tk, tv = (
+                    self._as_read(x, layer, i) for i, x in enumerate(self.truth.rows(tokens, layer))
+                )
                 if not (np.array_equal(k, tk) and np.array_equal(v, tv)):
                     raise AssertionError(
                         f"internal error: the spec's KV for sequence {seq_id}, layer {layer} is "
                         "not what was written for its tokens (a bug in spec/, not the backend)"
                     )
             self.checks["spec KV equals the tokens' ground truth"] += len(tokens)
+
+    def _as_read(self, x: F64, layer: int, which: int) -> F64:
+        """What attention reads back for written values ``x``: themselves, or fp8 round trips."""
+        g = self.config.geometry
+        if g.kv_dtype is None:
+            return x
+        scale = g.kv_scales[layer][which]
+        return dequantize(quantize(x, scale, g.kv_dtype), scale)
 
     def _check_outputs(self, batch: BatchMetadata, outputs: Sequence[tuple[F64, F64]]) -> None:
         rows = [
@@ -213,7 +238,10 @@ class Lockstep:
         )
         self.memory.write(layer, key, value, batch.slot_mapping)
         query = queries(c, self.step_index, layer, batch.num_tokens)
-        actual = self._call("attention", self.backend.attention, layer, _f32(query), batch, c.scale)
+        variant = c.variant(layer)
+        extra = {} if variant.is_plain else {"variant": variant}  # plain calls stay unchanged
+        attend = self.backend.attention
+        actual = self._call("attention", attend, layer, _f32(query), batch, c.scale, **extra)
         actual = _f64(actual)
         if actual.shape != query.shape:
             self._fail(
@@ -221,7 +249,10 @@ class Lockstep:
                 f"attention returned shape {actual.shape}, expected {query.shape}",
                 layer=layer,
             )
-        expected = paged_attention(query, batch, self.memory, layer, c.scale)
+        group = c.geometry.group_of(layer)
+        expected = paged_attention(
+            query, batch, self.memory, layer, c.scale, variant=variant, group=group
+        )
         return expected, actual
 
     def _new_kv(self, layer: int, batch: BatchMetadata) -> tuple[F64, F64]:
@@ -243,13 +274,12 @@ class Lockstep:
                 owners.setdefault(table[pos // b] * b + pos % b, (seq_id, pos))
         return owners
 
-    def _call(self, what: str, fn: Callable[..., _T], *args: object) -> _T:
+    def _call(self, what: str, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
+        """One backend call, through the guard (:mod:`conformance.guard`)."""
         try:
-            return fn(*args)
-        except ConformanceFailure:
-            raise
-        except Exception as err:
-            self._fail("exception", f"backend.{what} raised {type(err).__name__}: {err}")
+            return self.guard.call(what, fn, *args, **kwargs)
+        except BackendFault as fault:
+            self._fail("exception", fault.detail)
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
         raise ConformanceFailure(Difference(what, self.step_index, detail, layer=layer), self.log)

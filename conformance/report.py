@@ -41,6 +41,7 @@ def replay_script(result: RunResult) -> str:
             "Raises conformance.ConformanceFailure at the first difference.",
             '"""',
             "from conformance import Lockstep, WorkloadConfig, load_backend",
+            "from spec.attention import AttentionVariant",
             "from spec.backend import KVGeometry",
             "",
             f"backend = load_backend({portable_ref(result.backend)!r})",

@@ -116,6 +116,11 @@ class BlockManager:
     def tokens(self, seq_id: int) -> tuple[int, ...]:
         return tuple(self._get(seq_id).tokens)
 
+    def num_uncommitted(self, seq_id: int) -> int:
+        """Tokens appended since the sequence was last laid out in a batch (KV not yet written)."""
+        seq = self._get(seq_id)
+        return len(seq.tokens) - seq.num_committed
+
     def slot(self, seq_id: int, position: int) -> int:
         """The physical slot of logical position ``position``: the paging formula."""
         seq = self._get(seq_id)
@@ -211,6 +216,15 @@ class BlockManager:
         self._name_full_blocks(seq)
         b = self.block_size
         return [seq.table[p // b] * b + p % b for p in range(start, len(seq.tokens))]
+
+    def mark_written(self, seq_id: int) -> None:
+        """Count every token of ``seq_id`` as laid out: a swap-in restores their KV this step.
+
+        Tokens appended by :meth:`append_slots` are otherwise written by the
+        step that schedules them (:func:`spec.batch.build_batch` checks that).
+        """
+        seq = self._get(seq_id)
+        seq.num_committed = len(seq.tokens)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Start ``child_id`` as a copy of ``parent_id`` that shares all its blocks.

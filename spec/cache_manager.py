@@ -24,7 +24,8 @@ like an allocation would, so the query counts it. The first chunk of the
 prompt is allocated with the admission.
 
 How many blocks hold ``t`` tokens is one function, :func:`blocks_for`, used
-by every query here.
+by every query here; where a token's slot is, is :func:`spec.batch.slot_of`,
+which the block manager and the batch layout use (nothing here computes a slot).
 
 **KV cache groups.** Today there is one group, full attention, over one
 :class:`~spec.block_manager.BlockManager` (:data:`FULL_ATTENTION`). The calls
@@ -285,10 +286,12 @@ class CacheManager:
         if not self.can_swap_in(seq_id, num_new):
             raise OutOfBlocksError(f"sequence {seq_id}: too few blocks to swap it in now")
         self._manager.add_sequence(seq_id, [])
-        slots = self._manager.append_slots(seq_id, tokens[: n + num_new])
+        slots = self._manager.append_slots(seq_id, tokens[:n])
+        self._manager.mark_written(seq_id)  # the swap-in writes their KV, not the batch
+        self._manager.append_slots(seq_id, tokens[n : n + num_new])
         self._host.free(swapped.host_blocks)
         del self._swapped[seq_id]
-        return SwapIn(seq_id, swapped.host_blocks, tuple(slots[:n]))
+        return SwapIn(seq_id, swapped.host_blocks, tuple(slots))
 
     def _swapped_out(self, seq_id: int) -> SwapOut:
         swapped = self._swapped.get(check_int("seq_id", seq_id, low=0))

@@ -58,6 +58,8 @@ def check_int(name: str, value: object, *, low: int | None = None, high: int | N
         raise ArgumentTypeError(f"{name} must be an int, got {_describe(value)}")
     v = int(value)  # type: ignore[call-overload]
     assert isinstance(v, int)
+    if low is not None and high is not None and not low <= v <= high:
+        raise ArgumentValueError(f"{name} must be in {low}..{high}, got {v}")
     if low is not None and v < low:
         raise ArgumentValueError(f"{name} must be >= {low}, got {v}")
     if high is not None and v > high:

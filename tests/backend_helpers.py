@@ -101,7 +101,9 @@ def make_scenario(
     context_writes: list[tuple[int, F64, F64, list[int]]] = []
     for seq, (context, new) in enumerate(work):
         m.add_sequence(seq, [0] * (context + new))
-        slots = m.append_slots(seq, [0] * (context + new))
+        slots = m.append_slots(seq, [0] * context)
+        m.mark_written(seq)  # the context's KV is written directly below, not by this step
+        slots += m.append_slots(seq, [0] * new)
         for layer in range(num_layers):
             if context:
                 k = rounded(gen, (context, num_kv_heads, head_dim), dtype)
