@@ -24,8 +24,8 @@ like an allocation would, so the query counts it. The first chunk of the
 prompt is allocated with the admission.
 
 How many blocks hold ``t`` tokens is one function, :func:`blocks_for`, used
-by every query here; where a token's slot is, is :func:`spec.batch.slot_of`,
-which the block manager and the batch layout use (nothing here computes a slot).
+by every query here. Where a token's slot is belongs to the block tables
+(:func:`spec.batch.slot_of`): nothing on the scheduler side computes a slot.
 
 **KV cache groups.** Today there is one group, full attention, over one
 :class:`~spec.block_manager.BlockManager` (:data:`FULL_ATTENTION`). The calls
