@@ -143,6 +143,6 @@ def test_api_pages_show_fields_and_private_rules() -> None:
     assert "[`_needs_copy`][spec.block_manager.BlockManager._needs_copy]" in append, append
     assert "[`_copy_on_write`]" in append
     step = spec["scheduler.ContinuousScheduler.step"].docstring.value
-    assert "[`_admit`][spec.scheduler.ContinuousScheduler._admit]" in step, step
+    assert "[`_admit`][spec.sched_continuous.ContinuousScheduler._admit]" in step, step
     schedule = spec["scheduler.ContinuousScheduler._schedule_running"].docstring.value
     assert "[`_preempt`]" in schedule, schedule
