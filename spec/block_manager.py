@@ -56,16 +56,12 @@ from spec.errors import (
     StepBoundaryError,
     UnknownSequenceError,
 )
+from spec.kv_budget import cdiv as cdiv  # re-exported: blocks for t tokens, ceil(t / B)
 from spec.prefix_cache import block_hash, prompt_block_hashes
 from spec.validate import check_bool, check_int, check_keys, check_token_ids, is_int
 
 PAD_SLOT = -1
 """A slot-mapping entry that names no slot: a KV write skips it."""
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division: the number of ``b``-sized blocks that hold ``a`` tokens."""
-    return -(-a // b)
 
 
 @dataclass

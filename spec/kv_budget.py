@@ -47,13 +47,21 @@ from __future__ import annotations
 
 import math
 
-from spec.block_manager import cdiv
 from spec.errors import ArgumentValueError
 from spec.validate import check_int, check_ints, check_positive
 
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: the number of ``b``-sized blocks that hold ``a`` tokens.
+
+    >>> cdiv(20, 16), cdiv(32, 16), cdiv(0, 16)
+    (2, 2, 0)
+    """
+    return -(-a // b)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
