@@ -107,7 +107,7 @@ def environment_options(environ: Mapping[str, str] | None = None) -> Environment
         except ValueError as err:
             raise SetupError(f"{name}={text!r}: {err}") from None
 
-    timeout = get("PAGED_SPEC_CALL_TIMEOUT", _seconds_or_off)
+    timeout = get("PAGED_SPEC_CALL_TIMEOUT", timeout_seconds)
     return EnvironmentOptions(
         profile=get("PAGED_SPEC_PROFILE", str),
         seed=get("PAGED_SPEC_SEED", _at_least(0)),
@@ -134,8 +134,8 @@ def seconds(text: str) -> float:
     return value
 
 
-def _seconds_or_off(text: str) -> float:
-    """Seconds, or ``0`` for no limit (returned as 0.0)."""
+def timeout_seconds(text: str) -> float:
+    """Seconds, or ``0`` for no limit (returned as 0.0; also an argparse ``type``)."""
     return 0.0 if text in ("0", "0.0") else seconds(text)
 
 

@@ -64,11 +64,7 @@ def text_report(result: RunResult) -> str:
     """The summary a person reads: verdict, what ran, what was skipped, and any difference."""
     s = result.stats
     lines = [
-        f"conformance: backend {result.backend!r} "
-        f"(profile {result.profile}, seed {result.seed}): {verdict(result)}",
-        f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
-        f"{result.wall_time_s:.1f} s",
-        *_run_lines(result),
+        *summary_lines(result),
         "  rules exercised:",
         *(f"    {count:7d}  {name}" for name, count in sorted(s.rules.items())),
         "  invariants checked:",
@@ -85,6 +81,18 @@ def text_report(result: RunResult) -> str:
             lines += ["", _workload_header(result), replay_script(result)]
         lines.append(f"reproduce the run: {reproduce_command(result)}")
     return "\n".join(lines)
+
+
+def summary_lines(result: RunResult) -> list[str]:
+    """The report's first lines: backend, profile, seed and verdict; what ran; how it was run."""
+    s = result.stats
+    return [
+        f"conformance: backend {result.backend!r} "
+        f"(profile {result.profile}, seed {result.seed}): {verdict(result)}",
+        f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
+        f"{result.wall_time_s:.1f} s",
+        *_run_lines(result),
+    ]
 
 
 def verdict(result: RunResult) -> str:
@@ -122,7 +130,7 @@ def _run_lines(result: RunResult) -> list[str]:
             f"asked for {short} + {long} long-context examples: this is not a full run"
         )
     elif long == 0:
-        lines.append("  long-context examples: none (--long-examples 0)")
+        lines.append("  long-context examples: none (0 asked for)")
     call, seconds = result.slowest_call
     timeout = "none" if c.call_timeout_s is None else f"{c.call_timeout_s:g} s"
     where = "in a child process" if result.isolated else "in this process"
@@ -134,6 +142,8 @@ def _run_lines(result: RunResult) -> list[str]:
 def _nondeterminism_lines(result: RunResult) -> list[str]:
     if result.nondeterminism is not None:
         first, again = result.nondeterminism
+        if result.difference is not None and first == result.difference.describe():
+            first = "the difference above"
         return [
             "",
             "THE BACKEND IS NOT DETERMINISTIC: the same workload gave two outcomes",

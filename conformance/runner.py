@@ -311,6 +311,7 @@ def _run_pass(
         if inner:
             _record(result, inner[0], shrunk=False)
             result.flaky = True
+            result.shrink_note = "not shrunk: the failure did not come back while shrinking"
         else:
             _record_internal(result, err, "Hypothesis found the run unreliable")
     except Unsatisfiable as err:

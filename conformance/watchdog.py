@@ -44,6 +44,7 @@ Sink = Callable[[dict[str, Any]], None]
 """Where an isolated run's events go (one JSON-able dict each; see :mod:`conformance.protocol`)."""
 
 _POLL_S = 0.2
+_RET = {"t": "ret"}
 
 
 class CallTimeout(BaseException):
@@ -66,6 +67,8 @@ class Call:
 
     def describe(self) -> str:
         """``backend.attention (layer 1) at step 3``."""
+        if self.what == "load_backend":
+            return "loading the backend (its import and factory)"
         layer = "" if self.layer is None else f" (layer {self.layer})"
         return f"backend.{self.what}{layer} at step {self.step}"
 
@@ -103,7 +106,7 @@ class RunWatch:
         if seconds > self.slowest[1]:
             self.slowest = (call.describe(), seconds)
         if self.sink is not None:
-            self.sink({"t": "ret"})
+            self.sink(_RET)
         if self.timed_out is call:
             raise CallTimeout(call.describe())
 
