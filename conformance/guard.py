@@ -118,7 +118,7 @@ class CallGuard:
                 raise
             raise self._fault(what, args, _exit_detail(what, err)) from err
         except BaseException as err:
-            raise self._fault(what, args, inputs.describe_failure(err)) from err
+            raise self._fault(what, args, *inputs.describe_failure(err)) from err
         finally:
             if call is not None and self.watch is not None:
                 self.watch.end(call)
@@ -260,18 +260,18 @@ class _Inputs:
                 )
         return None
 
-    def describe_failure(self, err: BaseException) -> str:
-        """What the exception out of the call means, naming an input it tried to write."""
+    def describe_failure(self, err: BaseException) -> tuple[str, str]:
+        """What the exception out of the call means (and its kind), naming an input it wrote."""
         if isinstance(err, ValueError) and "read-only" in str(err) and self.frozen:
             name = _written_argument(err.__traceback__, self.frozen)
             target = f"its input `{name}`" if name else f"one of its inputs ({_names(self)})"
             return (
                 f"backend.{self.what} tried to write into {target}, which the suite passes "
                 f"read-only ({type(err).__name__}: {err}); a backend must not change its inputs"
-            )
+            ), "input"
         if not isinstance(err, Exception):
-            return _exit_detail(self.what, err)
-        return f"backend.{self.what} raised {type(err).__name__}: {err}"
+            return _exit_detail(self.what, err), "exception"
+        return f"backend.{self.what} raised {type(err).__name__}: {err}", "exception"
 
 
 def _names(inputs: _Inputs) -> str:

@@ -261,7 +261,10 @@ class _Child:
         self._signal(signal.SIGUSR1, group=False)
         deadline = time.monotonic() + _DUMP_WAIT_S
         while time.monotonic() < deadline and not self._exited():
-            self._pump(0.05)
+            before = len(self.tail)
+            self._pump(0.2)
+            if self.tail and len(self.tail) == before:  # the stack came, then nothing more
+                break
 
     def _signal(self, signum: int, group: bool) -> None:
         try:

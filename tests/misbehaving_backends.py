@@ -13,9 +13,11 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -39,12 +41,31 @@ class ExitsInAttention(_Float32Only):
         sys.exit(0)
 
 
+MARKER_VAR = "MISBEHAVING_BACKEND_MARKER"
+"""When set, a hanging backend first starts a helper process and writes both pids there."""
+
+
 class HangsInAttention(_Float32Only):
+    """Sleeps in ``attention``; with :data:`MARKER_VAR`, after starting a helper process."""
+
     def attention(
         self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
     ) -> FloatArray:
+        marker = os.environ.get(MARKER_VAR)
+        if marker:
+            helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            Path(marker).write_text(f"{os.getpid()} {helper.pid}")
         time.sleep(3600)
         return super().attention(layer, query, batch, scale)
+
+
+class RaisesKeyboardInterrupt(_Float32Only):
+    """Raises ``KeyboardInterrupt`` itself, with no Ctrl-C pressed."""
+
+    def attention(
+        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+    ) -> FloatArray:
+        raise KeyboardInterrupt
 
 
 class AbortsInAttention(_Float32Only):
