@@ -195,8 +195,14 @@ def run_suite(
     return result
 
 
-class _BudgetSpent(BaseException):
-    """Stops Hypothesis from starting another example (it would catch an ``Exception``)."""
+class _BudgetSpent(KeyboardInterrupt):
+    """Stops Hypothesis from starting another example.
+
+    A ``KeyboardInterrupt`` because that is the one exception Hypothesis lets
+    through untouched: it would take an ``Exception`` for a failure, and any
+    other ``BaseException`` out of an example cut short for inconsistent data
+    generation.
+    """
 
 
 class _Clock:

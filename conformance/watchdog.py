@@ -47,12 +47,14 @@ _POLL_S = 0.2
 _RET = {"t": "ret"}
 
 
-class CallTimeout(BaseException):
+class CallTimeout(KeyboardInterrupt):
     """Raised in the main thread when the call in flight passed the per-call timeout.
 
-    A ``BaseException``, so that neither a backend's ``except Exception`` nor
+    Not an ``Exception``, so that neither a backend's ``except Exception`` nor
     Hypothesis (which would replay it while shrinking, one timeout per replay)
-    takes it for an ordinary failure.
+    takes it for an ordinary failure; a ``KeyboardInterrupt``, because that is
+    the one exception Hypothesis lets through untouched (any other cuts an
+    example short and can surface as "inconsistent data generation").
     """
 
 
