@@ -29,6 +29,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException, Unsatisfiable
 from hypothesis.internal.conjecture import engine as _engine
+from hypothesis.internal.conjecture import providers as _providers
+from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.compare import Difference
@@ -169,7 +171,11 @@ def run_suite(
     )
     clock = _Clock(control, stats)
     start = time.monotonic()
-    with watching(control.call_timeout_s, sink, isolated=sink is not None) as watch, _shrinking():
+    with (
+        watching(control.call_timeout_s, sink, isolated=sink is not None) as watch,
+        _shrinking(),
+        _same_draws_everywhere(),
+    ):
         watch.send({"t": "start", "result": result})
         tick = _ticker(stats, progress, clock, watch)
         passes = (
@@ -237,6 +243,35 @@ class _Clock:
         if chosen:
             self.shrink_limit = min(chosen)
             _engine.MAX_SHRINKING_SECONDS = self.shrink_limit  # type: ignore[assignment]
+
+
+@contextmanager
+def _same_draws_everywhere() -> Iterator[None]:
+    """Make a seed draw the same workloads whatever else the process has imported.
+
+    Hypothesis mixes into its draws "local constants": literals it finds in
+    the source of every project module loaded so far. The CLI's child, a
+    pytest session and a library call load different modules, so the same
+    seed would draw different workloads in each. During a run the pool is
+    empty (and its cache fresh), so that ``--seed N``, ``PAGED_SPEC_SEED=N``
+    and ``run_suite(..., run_seed=N)`` run one workload. Private Hypothesis
+    names: when they are missing, nothing is changed.
+    """
+    saved: dict[str, Any] = {
+        name: getattr(_providers, name, None)
+        for name in ("_get_local_constants", "CONSTANTS_CACHE")
+    }
+    if any(value is None for value in saved.values()):
+        yield
+        return
+    empty = Constants()
+    _providers._get_local_constants = lambda: empty
+    _providers.CONSTANTS_CACHE = type(saved["CONSTANTS_CACHE"])(1024)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(_providers, name, value)
 
 
 @contextmanager
