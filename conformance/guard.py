@@ -333,8 +333,9 @@ def _arrays_of(result: object) -> list[np.ndarray[Any, Any]]:
 
 
 def _same(a: object, b: object) -> bool:
+    """Bit for bit (a NaN equals itself; -0.0 does not equal 0.0)."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
     try:
         return bool(a == b)
     except Exception:  # elements whose == is not a truth value
