@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from misbehaving_backends import MARKER_VAR
 
 from conformance.cli import main
 from conformance.control import RunControl
@@ -28,8 +29,6 @@ from conformance.runner import run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ROOT / "tests" / "misbehaving_backends.py"
-sys.path.insert(0, str(BACKENDS.parent))
-from misbehaving_backends import MARKER_VAR  # noqa: E402
 
 
 def _ref(factory: str) -> str:
