@@ -83,6 +83,8 @@ class BackendConformance:
 
     def test_lockstep_with_the_spec(self, backend: Backend, request: pytest.FixtureRequest) -> None:
         result = self._run_lockstep(backend)
+        if result.interrupted:  # Ctrl-C during an isolated run: stop the session, as usual
+            raise KeyboardInterrupt
         _summary(request.config).add(result)
         if not result.passed:
             raise AssertionError(text_report(result))

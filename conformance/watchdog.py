@@ -90,6 +90,7 @@ class RunWatch:
         self.slowest: tuple[str, float] = ("", 0.0)
         self.user_interrupted = False
         self.handles_sigint = False
+        self._delivered = False  # the timeout has been raised once (by the handler or by end)
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
 
@@ -109,7 +110,8 @@ class RunWatch:
             self.slowest = (call.describe(), seconds)
         if self.sink is not None:
             self.sink(_RET)
-        if self.timed_out is call:
+        if self.timed_out is call and not self._delivered:
+            self._delivered = True
             raise CallTimeout(call.describe())
 
     def is_users(self) -> bool:
@@ -126,7 +128,10 @@ class RunWatch:
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         call = self.timed_out
-        if call is not None and (self.in_flight is call or self.in_flight is None):
+        if call is not None and not self.user_interrupted:
+            if self._delivered:  # the watchdog's signal, after the timeout already ended the call
+                return
+            self._delivered = True
             raise CallTimeout(call.describe())
         self.user_interrupted = True
         raise KeyboardInterrupt
