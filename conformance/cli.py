@@ -15,8 +15,15 @@ import random
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from conformance.control import DEFAULT_CALL_TIMEOUT_S, RunControl, seconds, timeout_seconds
+from conformance.control import (
+    DEFAULT_CALL_TIMEOUT_S,
+    RunControl,
+    at_least,
+    seconds,
+    timeout_seconds,
+)
 from conformance.discovery import installed_backends, load_backend
 from conformance.isolation import Request, database_arg, run_isolated
 from conformance.plan import SetupError
@@ -26,6 +33,7 @@ from conformance.selftest import selftest
 from spec.backend import DTYPES
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+_T = TypeVar("_T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,19 +53,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    dtypes = [d for item in args.dtype for d in item.split(",") if d] if args.dtype else None
-    control = RunControl(
+    result = _lockstep(args, _control(args))
+    print(text_report(result))
+    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
+        if path:
+            try:
+                writer(result, Path(path))
+            except OSError as err:
+                raise SetupError(f"cannot write the report {path}: {err}") from err
+    return _status(result)
+
+
+def _control(args: argparse.Namespace) -> RunControl:
+    return RunControl(
         shrink=not args.no_shrink,
         shrink_time_s=args.shrink_time,
         long_examples=args.long_examples,
         time_budget_s=args.time_budget,
         call_timeout_s=args.call_timeout or None,
     )
+
+
+def _lockstep(args: argparse.Namespace, control: RunControl) -> RunResult:
+    """The run: in a child process, unless ``--in-process`` (or no POSIX process groups)."""
+    dtypes = [d for item in args.dtype for d in item.split(",") if d] if args.dtype else None
     database = None if args.no_database else DATABASE_DIR
-    if args.in_process or os.name != "posix":  # isolation needs POSIX process groups
-        backend = load_backend(args.backend)
-        result = run_suite(
-            backend,
+    if args.in_process or os.name != "posix":
+        return run_suite(
+            load_backend(args.backend),
             args.backend,
             profile=args.profile,
             run_seed=args.seed,
@@ -67,25 +90,16 @@ def _run(args: argparse.Namespace) -> int:
             progress=_progress,
             control=control,
         )
-    else:
-        request = Request(
-            backend=args.backend,
-            profile=args.profile,
-            seed=random.randrange(2**32) if args.seed is None else args.seed,
-            dtypes=dtypes,
-            database=database_arg(database),
-            max_examples=args.max_examples,
-            control=control,
-        )
-        result = run_isolated(request, _progress)
-    print(text_report(result))
-    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
-        if path:
-            try:
-                writer(result, Path(path))
-            except OSError as err:
-                raise SetupError(f"cannot write the report {path}: {err}") from err
-    return _status(result)
+    request = Request(
+        backend=args.backend,
+        profile=args.profile,
+        seed=random.randrange(2**32) if args.seed is None else args.seed,
+        dtypes=dtypes,
+        database=database_arg(database),
+        max_examples=args.max_examples,
+        control=control,
+    )
+    return run_isolated(request, _progress)
 
 
 def _progress(line: str) -> None:
@@ -107,25 +121,10 @@ def _list() -> int:
     return OK
 
 
-def _at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``low``."""
+def _argtype(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """``parse`` (a parser of :mod:`conformance.control`) with its message shown by argparse."""
 
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-
-    return parse
-
-
-def _argtype(parse: Callable[[str], float]) -> Callable[[str], float]:
-    """``parse`` with its ``ValueError`` message shown by argparse."""
-
-    def checked(text: str) -> float:
+    def checked(text: str) -> _T:
         try:
             return parse(text)
         except ValueError as err:
@@ -152,11 +151,13 @@ def _parser() -> argparse.ArgumentParser:
         "--dtype", action="append", help=f"limit to these dtypes ({', '.join(DTYPES)})"
     )
     run.add_argument(
-        "--max-examples", type=_at_least(1), help="override the profile's example count (>= 1)"
+        "--max-examples",
+        type=_argtype(at_least(1)),
+        help="override the profile's example count (>= 1)",
     )
     run.add_argument(
         "--long-examples",
-        type=_at_least(0),
+        type=_argtype(at_least(0)),
         metavar="N",
         help="long-context examples instead of the profile's (0: none)",
     )

@@ -13,7 +13,7 @@ and its variable cannot drift apart.
 >>> environment_options({"PAGED_SPEC_EXAMPLES": "0"})
 Traceback (most recent call last):
 ...
-conformance.plan.SetupError: PAGED_SPEC_EXAMPLES='0': must be at least 1
+conformance.plan.SetupError: PAGED_SPEC_EXAMPLES='0': must be at least 1, got 0
 """
 
 from __future__ import annotations
@@ -110,13 +110,13 @@ def environment_options(environ: Mapping[str, str] | None = None) -> Environment
     timeout = get("PAGED_SPEC_CALL_TIMEOUT", timeout_seconds)
     return EnvironmentOptions(
         profile=get("PAGED_SPEC_PROFILE", str),
-        seed=get("PAGED_SPEC_SEED", _at_least(0)),
-        max_examples=get("PAGED_SPEC_EXAMPLES", _at_least(1)),
+        seed=get("PAGED_SPEC_SEED", at_least(0)),
+        max_examples=get("PAGED_SPEC_EXAMPLES", at_least(1)),
         dtypes=get("PAGED_SPEC_DTYPES", _names),
         control=RunControl(
             shrink=not get("PAGED_SPEC_NO_SHRINK", _flag),
             shrink_time_s=get("PAGED_SPEC_SHRINK_TIME", seconds),
-            long_examples=get("PAGED_SPEC_LONG_EXAMPLES", _at_least(0)),
+            long_examples=get("PAGED_SPEC_LONG_EXAMPLES", at_least(0)),
             time_budget_s=get("PAGED_SPEC_TIME_BUDGET", seconds),
             call_timeout_s=DEFAULT_CALL_TIMEOUT_S if timeout is None else timeout or None,
         ),
@@ -139,14 +139,16 @@ def timeout_seconds(text: str) -> float:
     return 0.0 if text in ("0", "0.0") else seconds(text)
 
 
-def _at_least(low: int) -> Callable[[str], int]:
+def at_least(low: int) -> Callable[[str], int]:
+    """A parser of integers of at least ``low`` (also an argparse ``type``, through the CLI)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise ValueError(f"{text!r} is not an integer") from None
         if value < low:
-            raise ValueError(f"must be at least {low}")
+            raise ValueError(f"must be at least {low}, got {value}")
         return value
 
     return parse
