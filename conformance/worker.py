@@ -6,7 +6,8 @@ with its request (what ``run_suite`` should do) in the environment variable
 pipe the request names; its standard output and error go to the parent, which
 shows them and keeps the last lines for a crash report. ``faulthandler``
 prints the Python stack on a fatal signal, and on SIGUSR1 (the parent's
-request before it kills a hung child). The child dies with its parent.
+request before it kills a hung child). The child dies with its parent (Linux:
+``PR_SET_PDEATHSIG``); processes the backend started are the parent's to kill.
 """
 
 from __future__ import annotations
