@@ -56,7 +56,7 @@ class TorchKVCache:
             raise InvalidRequestError(
                 f"{name} has shape {x.shape}, expected [>= {min_rows}, {heads}, {d}]"
             )
-        host = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        host = torch.from_numpy(np.array(x, dtype=np.float32))  # our copy: inputs are read-only
         return host.to(device=self.device, dtype=self.dtype)
 
     def slots(self, slot_mapping: Sequence[int]) -> torch.Tensor:

@@ -84,6 +84,7 @@ class Lockstep:
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.step_index = 0
         self.log = [f"ls = Lockstep(backend, {config!r})"]
+        self.guard.attach(self)  # the guard reports the workload with each call
         self._call("create_cache", backend.create_cache, g)
         self._prime()
 
@@ -279,7 +280,7 @@ class Lockstep:
         try:
             return self.guard.call(what, fn, *args, **kwargs)
         except BackendFault as fault:
-            self._fail("exception", fault.detail)
+            self._fail(fault.kind, fault.detail, layer=fault.layer)
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
         raise ConformanceFailure(Difference(what, self.step_index, detail, layer=layer), self.log)
