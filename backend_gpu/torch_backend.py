@@ -50,11 +50,13 @@ class TorchBackend(TorchCacheBackend):
         keep = slots != -1
         width = k_cache.shape[2:]
         kind = cache.geometry.kv_dtype
-        for rows, target, scale in zip((k, v), (k_cache, v_cache), cache.scales(layer), strict=True):
+        scales = cache.scales(layer)
+        for rows, target, scale in zip((k, v), (k_cache, v_cache), scales, strict=True):
             stored = rows[:n][keep]
             if kind is not None:  # spec.quant.quantize: float32 division, clamp, round to even
                 top = FP8_FORMATS[kind].max_finite
-                stored = (stored.float() / torch.tensor(scale, dtype=torch.float32)).clamp(-top, top)
+                divisor = torch.tensor(scale, dtype=torch.float32, device=self.device)
+                stored = (stored.float() / divisor).clamp(-top, top)
             target.view(-1, *width)[slots[keep]] = stored.to(target.dtype)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:

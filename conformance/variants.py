@@ -3,10 +3,23 @@
 Each layer of a workload gets its own :class:`~spec.attention.AttentionVariant`
 (hybrid models mix windowed and full layers), drawn only from what the backend
 declares in :attr:`~spec.backend.Capabilities.variants`, with values chosen so
-that every variant changes the output: windows shorter than the context,
-soft-caps below the score range, sinks that take real weight, steep ALiBi
-slopes. A quantized cache (``kv_dtype``) gets per-layer scales small enough
-that some values saturate.
+that every variant changes the output, relative to ``score_spread`` (the
+standard deviation of the scaled scores ``scale * q . k``, 1 or 16 in the suite):
+
+* windows shorter than the context, and in a long-context workload (prompts
+  of 300 to 1100 tokens) several times shorter, so that whole 64-key tiles lie
+  before the window;
+* soft-caps at 0.5 to 2.5 standard deviations, below the largest scores;
+* sinks at 0 to 3 standard deviations, near the largest score, so that a
+  sink takes real weight;
+* ALiBi slopes of 1 or 4 times the standard ones, times the spread, so that
+  distance matters within a few tokens.
+
+A quantized cache (``kv_dtype``) gets per-layer power-of-two scales at which
+unit-variance K and V saturate beyond 0.875, 1.75 or 3.5. Powers of two make
+every dequantized value exact in every activation dtype, so a kernel may
+dequantize into float16 or bfloat16 without rounding and the output tolerance
+stays the dtype's own.
 
 Everything shrinks towards plain attention and an unquantized cache.
 
@@ -16,31 +29,46 @@ Everything shrinks towards plain attention and an unquantized cache.
 >>> draws = layer_variants(caps, num_layers=2, num_heads=4, long_context=False)
 >>> [v.is_plain for v in find(draws, lambda v: True)]
 [True, True]
+>>> find(layer_variants(caps, 1, 2, False, score_spread=16.0), lambda v: v[0].sinks is not None)
+(AttentionVariant(window=None, softcap=None, sinks=(24.0, 32.0), alibi_slopes=None),)
+>>> fp8_scales("fp8_e4m3", 1.75), fp8_scales("fp8_e5m2", 1.75)   # 448 * 2**-8, 57344 * 2**-15
+((0.00390625, 0.00390625), (3.0517578125e-05, 3.0517578125e-05))
 """
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import strategies as st
 
-from spec.attention import PLAIN, AttentionVariant, alibi_slopes
-from spec.backend import Capabilities
+from conformance.workload import WorkloadConfig
+from spec.attention import PLAIN, VARIANTS, AttentionVariant, alibi_slopes
+from spec.backend import Capabilities, KVGeometry
+from spec.quant import FP8_FORMATS
 
 WINDOWS = (3, 1, 8, 16, 33)
 """Windows for short workloads: shorter than most contexts, around block boundaries."""
 LONG_WINDOWS = (64, 100, 256)
 """Windows for long-context workloads (300..1100 tokens): whole key tiles fall outside them."""
-SOFTCAPS = (2.0, 5.0, 20.0)
-"""Caps below the spread of the scores (up to about 16 with large logits)."""
-SINK_LEVELS = (0.0, 2.0, -2.0)
-"""Offsets of the per-head sink logits: near the scores, so a sink takes real weight."""
+SOFTCAPS = (1.0, 2.5, 0.5)
+"""Caps, in standard deviations of the scores: below the largest score of any context."""
+SINK_LEVELS = (2.0, 0.0, 3.0)
+"""Sink logits, in standard deviations of the scores (per head, plus or minus half of one)."""
 ALIBI_GAINS = (4.0, 1.0)
-"""Multipliers on the standard slopes: steep slopes make distance matter within a few tokens."""
-FP8_SCALES = (1 / 64, 1 / 256, 1 / 16)
-"""Per-layer fp8 scales: with unit-variance K and V, 1/256 saturates e4m3 beyond |x| = 1.75."""
+"""Multipliers on the standard slopes (times the spread): distance matters within a few tokens."""
+FP8_SATURATION = (1.75, 0.875, 3.5)
+"""Where unit-variance K and V saturate: the scale is this over the format's largest value."""
+
+
+def fp8_scales(kv_dtype: str, saturates_at: float) -> tuple[float, float]:
+    """``(k_scale, v_scale)`` at which values beyond ``saturates_at`` saturate (a power of two
+    when ``saturates_at`` is 1.75 times one, as every value of :data:`FP8_SATURATION` is)."""
+    scale = saturates_at / FP8_FORMATS[kv_dtype].max_finite
+    return scale, scale
 
 
 def _variant(
-    caps: Capabilities, num_heads: int, long_context: bool
+    caps: Capabilities, num_heads: int, long_context: bool, spread: float
 ) -> st.SearchStrategy[AttentionVariant]:
     declared = caps.variants
     if not declared:
@@ -51,17 +79,17 @@ def _variant(
 
     windows = LONG_WINDOWS if long_context else WINDOWS
     sinks = st.builds(
-        lambda level, spread: tuple(level + spread * (h % 3 - 1) for h in range(num_heads)),
+        lambda level: tuple(spread * (level + 0.5 * (h % 3 - 1)) for h in range(num_heads)),
         st.sampled_from(SINK_LEVELS),
-        st.sampled_from((1.0, 0.0)),
     )
     slopes = st.builds(
-        lambda gain: tuple(gain * s for s in alibi_slopes(num_heads)), st.sampled_from(ALIBI_GAINS)
+        lambda gain: tuple(gain * spread * s for s in alibi_slopes(num_heads)),
+        st.sampled_from(ALIBI_GAINS),
     )
     return st.builds(
         _combine,
         maybe("window", st.sampled_from(windows)),
-        maybe("softcap", st.sampled_from(SOFTCAPS)),
+        maybe("softcap", st.sampled_from(SOFTCAPS).map(lambda c: c * spread)),
         maybe("sinks", sinks),
         maybe("alibi", slopes),
     )
@@ -76,23 +104,84 @@ def _combine(window: object, softcap: object, sinks: object, slopes: object) -> 
 
 
 def layer_variants(
-    caps: Capabilities, num_layers: int, num_heads: int, long_context: bool
+    caps: Capabilities,
+    num_layers: int,
+    num_heads: int,
+    long_context: bool,
+    score_spread: float = 1.0,
 ) -> st.SearchStrategy[tuple[AttentionVariant, ...]]:
     """One variant per layer, from the declared variants (all plain when none is declared)."""
-    return st.tuples(*(_variant(caps, num_heads, long_context) for _ in range(num_layers)))
+    one = _variant(caps, num_heads, long_context, score_spread)
+    return st.tuples(*(one for _ in range(num_layers)))
 
 
-def kv_quantization(
-    caps: Capabilities, num_layers: int
-) -> st.SearchStrategy[tuple[str | None, tuple[tuple[float, float], ...]]]:
+_Quantization = tuple[str | None, tuple[tuple[float, float], ...]]
+
+
+def kv_quantization(caps: Capabilities, num_layers: int) -> st.SearchStrategy[_Quantization]:
     """``(kv_dtype, kv_scales)``: unquantized, or a declared fp8 dtype with per-layer scales."""
     if not caps.kv_dtypes:
         return st.just((None, ()))
-    scales = st.tuples(
-        *(
-            st.tuples(st.sampled_from(FP8_SCALES), st.sampled_from(FP8_SCALES))
-            for _ in range(num_layers)
-        )
-    )
-    fp8 = st.tuples(st.sampled_from(sorted(caps.kv_dtypes)), scales)
+
+    def quantized(kv_dtype: str, levels: tuple[float, ...]) -> _Quantization:
+        return kv_dtype, tuple(fp8_scales(kv_dtype, x) for x in levels)
+
+    levels = st.tuples(*(st.sampled_from(FP8_SATURATION) for _ in range(num_layers)))
+    fp8 = st.builds(quantized, st.sampled_from(sorted(caps.kv_dtypes)), levels)
     return st.one_of(st.just((None, ())), fp8)
+
+
+def describe(variant: AttentionVariant) -> str:
+    """A short name for a layer's variant, as reports print it.
+
+    >>> describe(AttentionVariant(window=8, softcap=2.5, sinks=(1.0, 2.0)))
+    'window 8, softcap 2.5, sinks (1, 2)'
+    >>> describe(PLAIN)
+    'plain'
+    """
+    parts = []
+    if variant.window is not None:
+        parts.append(f"window {variant.window}")
+    if variant.softcap is not None:
+        parts.append(f"softcap {variant.softcap:g}")
+    for name, values in (("sinks", variant.sinks), ("ALiBi slopes", variant.alibi_slopes)):
+        if values is not None:
+            shown = ", ".join(f"{x:.4g}" for x in values[:4]) + (", ..." if len(values) > 4 else "")
+            parts.append(f"{name} ({shown})")
+    return ", ".join(parts) or "plain"
+
+
+def label(config: WorkloadConfig) -> str:
+    """What a workload's shape line adds: its fp8 dtype and each layer's variants, if any.
+
+    >>> from spec.backend import KVGeometry
+    >>> g = KVGeometry(2, 4, 2, 1, 8, kv_dtype="fp8_e5m2", kv_scales=((1.0, 1.0),) * 2)
+    >>> label(WorkloadConfig(g, 2, 0.3, 0, variants=(AttentionVariant(4, 2.0), PLAIN)))
+    ' fp8_e5m2 window+softcap/plain'
+    """
+    parts = [config.geometry.kv_dtype] if config.geometry.kv_dtype else []
+    if config.variants:
+        names = (
+            "+".join(n for n in VARIANTS if n in v.features) or "plain" for v in config.variants
+        )
+        parts.append("/".join(names))
+    return "".join(" " + p for p in parts)
+
+
+def describe_kv(geometry: KVGeometry, layer: int | None = None) -> str:
+    """The cache dtype, with the layer's fp8 scales when quantized.
+
+    >>> describe_kv(KVGeometry(1, 4, 2, 1, 8, "float16", "fp8_e4m3", ((2**-8, 2**-7),)), 0)
+    'KV fp8_e4m3 (k_scale 2^-8, v_scale 2^-7)'
+    """
+    if geometry.kv_dtype is None:
+        return f"KV {geometry.dtype}"
+    if layer is None:
+        return f"KV {geometry.kv_dtype}"
+    k, v = geometry.kv_scales[layer]
+    return f"KV {geometry.kv_dtype} (k_scale {_pow2(k)}, v_scale {_pow2(v)})"
+
+
+def _pow2(x: float) -> str:
+    mantissa, exponent = math.frexp(x)
+    return f"2^{exponent - 1}" if mantissa == 0.5 else f"{x:.6g}"

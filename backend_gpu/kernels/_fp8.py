@@ -1,4 +1,4 @@
-"""fp8 KV storage inside the kernels: the bytes, and integer arithmetic that encodes and decodes them.
+"""fp8 KV inside the kernels: stored as bytes, encoded and decoded with integer arithmetic.
 
 A quantized cache is kept as ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``
 tensors (what an engine allocates), but every kernel sees it as ``uint8``
@@ -29,7 +29,7 @@ FP8_NAMES = {dtype: name for name, dtype in FP8_TORCH.items()}
 
 
 def fp8_constexprs(cache_dtype: torch.dtype) -> dict[str, object]:
-    """``FP8_MANT``, ``FP8_MIN_EXP``, ``FP8_MAX`` for a cache of ``cache_dtype`` (zeros: not fp8)."""
+    """``FP8_MANT``, ``FP8_MIN_EXP``, ``FP8_MAX`` for a cache of ``cache_dtype`` (0: not fp8)."""
     name = FP8_NAMES.get(cache_dtype)
     if name is None:
         return {"FP8_MANT": 0, "FP8_MIN_EXP": 0, "FP8_MAX": 0.0}
@@ -89,4 +89,3 @@ def fp8_decode(code, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr):  # type
         top = (1 << (7 - FP8_MANT)) - 1
         v = tl.where(e == top, tl.where(m == 0, float("inf"), float("nan")), v)
     return tl.where(c >= 128, -v, v)
-

@@ -233,7 +233,7 @@ def _widen(x, q, UPCAST: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.c
     return x
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _tanh(x):  # type: ignore[no-untyped-def]
     """``tanh`` from one exp2 of a non-positive argument: no overflow at any magnitude."""
     e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # exp(-2 |x|)
