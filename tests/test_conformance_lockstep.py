@@ -175,7 +175,7 @@ class _Raises(NumpyPagedBackend):
 
 
 class _WrongShape(NumpyPagedBackend):
-    def attention(self, layer, query, batch, scale):  # type: ignore[no-untyped-def]
+    def attention(self, layer, query, batch, scale):  # type: ignore[no-untyped-def, override]
         return super().attention(layer, query, batch, scale)[:, :1]
 
 
