@@ -286,7 +286,7 @@ class Lockstep:
     def _named(self, diff: Difference, layer: int) -> Difference:
         """``diff`` with the layer's attention variant and KV dtype (and fp8 scales) named."""
         c = self.config
-        kind = f"{describe(c.variant(layer))} attention, {describe_kv(c.geometry, layer)}"
+        kind = f"{describe(c.variant(layer))}; {describe_kv(c.geometry, layer)}"
         return replace(diff, detail=f"{diff.detail} [layer {layer}: {kind}]")
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
