@@ -120,8 +120,9 @@ class NumpyPagedBackend:
         return out
 
     def _fp8_round(self, x: F32, kv_dtype: str) -> F32:
-        """To the nearest fp8 value, ties to even; beyond the finite range what an unsaturated
-        cast gives: NaN for e4m3 (it has no infinity), infinity for e5m2."""
+        """To the nearest fp8 value, ties to even. A value beyond the finite maximum (which
+        :meth:`_saturate` has already clipped) becomes what a cast without saturation makes
+        of an overflow: NaN in e4m3 (it has no infinity), infinity in e5m2."""
         f = FP8_FORMATS[kv_dtype]
         over = np.abs(x) > f.max_finite
         beyond = np.copysign(np.inf, x) if f.mantissa_bits == 2 else np.full_like(x, np.nan)
