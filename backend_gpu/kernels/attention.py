@@ -208,7 +208,7 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
         safe_l = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / safe_l[:, None]
         if FP8_MANT:
-            out = out * v_scale  # V dequantized: sum_k w_k (stored_k * v_scale)
+            out = out * v_scale  # V dequantized: sum_k w_k * (stored_v_k * v_scale)
         o_off = row_off[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         if SPLIT:
             split = tl.program_id(2)
