@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import NoReturn, TypeVar
 
 import numpy as np
@@ -32,6 +33,8 @@ from numpy.typing import NDArray
 
 from conformance.compare import Difference, first_kv_difference, first_output_difference
 from conformance.dtypes import F64, TOLERANCES
+from conformance.guard import BackendFault, CallGuard
+from conformance.variants import describe, describe_kv
 from conformance.workload import TokenKV, WorkloadConfig, background, padding_rows, queries
 from spec.attention import paged_attention
 from spec.backend import Backend
@@ -39,6 +42,7 @@ from spec.batch import BatchMetadata, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
 from spec.errors import OutOfBlocksError
 from spec.kv_memory import KVMemory
+from spec.quant import dequantize, quantize
 
 _T = TypeVar("_T")
 
@@ -56,19 +60,33 @@ class Lockstep:
     """Drives ``backend`` and the spec through the same workload; raises on the first difference."""
 
     def __init__(
-        self, backend: Backend, config: WorkloadConfig, checks: Counter[str] | None = None
+        self,
+        backend: Backend,
+        config: WorkloadConfig,
+        checks: Counter[str] | None = None,
+        guard: CallGuard | None = None,
     ) -> None:
         g = config.geometry
         self.backend = backend
+        self.guard = CallGuard() if guard is None else guard
         self.config = config
         self.manager = BlockManager(
             g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching
         )
-        self.memory = KVMemory(g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        self.memory = KVMemory(
+            g.num_layers,
+            g.num_blocks,
+            g.block_size,
+            g.num_kv_heads,
+            g.head_dim,
+            kv_dtype=g.kv_dtype,
+            kv_scales=g.kv_scales,
+        )
         self.truth = TokenKV(config)
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.step_index = 0
         self.log = [f"ls = Lockstep(backend, {config!r})"]
+        self.guard.attach(self)  # the guard reports the workload with each call
         self._call("create_cache", backend.create_cache, g)
         self._prime()
 
@@ -137,7 +155,7 @@ class Lockstep:
                     g.block_size,
                 )
                 if diff is not None:
-                    raise ConformanceFailure(diff, self.log)
+                    raise ConformanceFailure(self._named(diff, layer), self.log)
             self.checks["K and V of every slot compared exactly"] += 2 * flat[0]
             self.checks["K and V of live tokens compared exactly"] += 2 * len(owners)
         self._check_spec_truth()
@@ -149,13 +167,23 @@ class Lockstep:
             table = self.manager.block_table(seq_id)
             for layer in range(self.config.geometry.num_layers):
                 k, v = self.memory.gather(layer, table, len(tokens))
-                tk, tv = self.truth.rows(tokens, layer)
+                tk, tv = (
+                    self._as_read(x, layer, i) for i, x in enumerate(self.truth.rows(tokens, layer))
+                )
                 if not (np.array_equal(k, tk) and np.array_equal(v, tv)):
                     raise AssertionError(
                         f"internal error: the spec's KV for sequence {seq_id}, layer {layer} is "
                         "not what was written for its tokens (a bug in spec/, not the backend)"
                     )
             self.checks["spec KV equals the tokens' ground truth"] += len(tokens)
+
+    def _as_read(self, x: F64, layer: int, which: int) -> F64:
+        """What attention reads back for written values ``x``: themselves, or fp8 round trips."""
+        g = self.config.geometry
+        if g.kv_dtype is None:
+            return x
+        scale = g.kv_scales[layer][which]
+        return dequantize(quantize(x, scale, g.kv_dtype), scale)
 
     def _check_outputs(self, batch: BatchMetadata, outputs: Sequence[tuple[F64, F64]]) -> None:
         rows = [
@@ -169,7 +197,7 @@ class Lockstep:
                 self.step_index, layer, expected, actual, tolerance, rows
             )
             if diff is not None:
-                raise ConformanceFailure(diff, self.log)
+                raise ConformanceFailure(self._named(diff, layer), self.log)
             self.checks["attention outputs compared to the float64 reference"] += len(rows)
 
     # -- internals ----------------------------------------------------------------
@@ -213,7 +241,10 @@ class Lockstep:
         )
         self.memory.write(layer, key, value, batch.slot_mapping)
         query = queries(c, self.step_index, layer, batch.num_tokens)
-        actual = self._call("attention", self.backend.attention, layer, _f32(query), batch, c.scale)
+        variant = c.variant(layer)
+        extra = {} if variant.is_plain else {"variant": variant}  # plain calls stay unchanged
+        attend = self.backend.attention
+        actual = self._call("attention", attend, layer, _f32(query), batch, c.scale, **extra)
         actual = _f64(actual)
         if actual.shape != query.shape:
             self._fail(
@@ -221,7 +252,10 @@ class Lockstep:
                 f"attention returned shape {actual.shape}, expected {query.shape}",
                 layer=layer,
             )
-        expected = paged_attention(query, batch, self.memory, layer, c.scale)
+        group = c.geometry.group_of(layer)
+        expected = paged_attention(
+            query, batch, self.memory, layer, c.scale, variant=variant, group=group
+        )
         return expected, actual
 
     def _new_kv(self, layer: int, batch: BatchMetadata) -> tuple[F64, F64]:
@@ -243,13 +277,18 @@ class Lockstep:
                 owners.setdefault(table[pos // b] * b + pos % b, (seq_id, pos))
         return owners
 
-    def _call(self, what: str, fn: Callable[..., _T], *args: object) -> _T:
+    def _call(self, what: str, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
+        """One backend call, through the guard (:mod:`conformance.guard`)."""
         try:
-            return fn(*args)
-        except ConformanceFailure:
-            raise
-        except Exception as err:
-            self._fail("exception", f"backend.{what} raised {type(err).__name__}: {err}")
+            return self.guard.call(what, fn, *args, **kwargs)
+        except BackendFault as fault:
+            self._fail(fault.kind, fault.detail, layer=fault.layer)
+
+    def _named(self, diff: Difference, layer: int) -> Difference:
+        """``diff`` with the layer's attention variant and KV dtype (and fp8 scales) named."""
+        c = self.config
+        kind = f"{describe(c.variant(layer))}; {describe_kv(c.geometry, layer)}"
+        return replace(diff, detail=f"{diff.detail} [layer {layer}: {kind}]")
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
         raise ConformanceFailure(Difference(what, self.step_index, detail, layer=layer), self.log)

@@ -20,15 +20,18 @@ fork and copy-on-write rules: capabilities.copy_on_write is False
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
+from conformance.variants import kv_quantization, layer_variants
 from conformance.workload import (
     BLOCK_SIZES,
     GQA_GROUPS,
     HEAD_DIMS,
     KV_HEADS,
+    LARGE_LOGIT_GAIN,
     LAYERS,
     WorkloadConfig,
     geometry_for,
@@ -60,48 +63,43 @@ class Plan:
 
     def configs(self) -> st.SearchStrategy[WorkloadConfig]:
         """Workload configurations; they shrink towards the first value of each set."""
-        return st.builds(
-            self._config,
-            st.sampled_from(self.block_sizes),
-            st.sampled_from(KV_HEADS),
-            st.sampled_from(self.groups),
-            st.sampled_from(self.head_dims),
-            st.sampled_from(self.dtypes),
-            st.sampled_from(LAYERS),
-            st.sampled_from((True, False)),  # large logits first: drawn more often
-            st.booleans() if self.prefix_caching else st.just(False),
-            st.just(self.long_context),
-            st.integers(0, 2**32 - 1),
-        ).filter(self._supported)
-
-    @staticmethod
-    def _config(
-        block_size: int,
-        num_kv_heads: int,
-        group: int,
-        head_dim: int,
-        dtype: str,
-        layers: int,
-        large_logits: bool,
-        prefix_caching: bool,
-        long_context: bool,
-        seed: int,
-    ) -> WorkloadConfig:
-        layers = 1 if long_context else layers  # long prompts cost time per layer; one suffices
-        geometry, num_heads = geometry_for(
-            block_size, num_kv_heads, group, head_dim, dtype, layers, long_context
-        )
-        return WorkloadConfig(
-            geometry,
-            num_heads,
-            scale_for(head_dim, large_logits),
-            seed,
-            prefix_caching,
-            long_context,
-        )
+        return _configs(self).filter(self._supported)
 
     def _supported(self, config: WorkloadConfig) -> bool:
-        return not self.capabilities.unsupported(config.geometry, config.num_heads)
+        caps, g = self.capabilities, config.geometry
+        layers = range(g.num_layers)
+        return not any(caps.unsupported(g, config.num_heads, config.variant(i)) for i in layers)
+
+
+@st.composite
+def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
+    """One workload's shape, dtype, options, and each layer's attention variant."""
+    long_context = plan.long_context
+    layers = 1 if long_context else draw(st.sampled_from(LAYERS))  # long prompts cost per layer
+    geometry, num_heads = geometry_for(
+        draw(st.sampled_from(plan.block_sizes)),
+        draw(st.sampled_from(KV_HEADS)),
+        draw(st.sampled_from(plan.groups)),
+        draw(st.sampled_from(plan.head_dims)),
+        draw(st.sampled_from(plan.dtypes)),
+        layers,
+        long_context,
+    )
+    large_logits = draw(st.sampled_from((True, False)))  # large logits first: drawn more often
+    prefix_caching = draw(st.booleans()) if plan.prefix_caching else False
+    kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers))
+    geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
+    spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
+    variants = draw(layer_variants(plan.capabilities, layers, num_heads, long_context, spread))
+    return WorkloadConfig(
+        geometry,
+        num_heads,
+        scale_for(geometry.head_dim, large_logits),
+        draw(st.integers(0, 2**32 - 1)),
+        prefix_caching,
+        long_context,
+        variants=() if all(v.is_plain for v in variants) else variants,
+    )
 
 
 def plan_for(capabilities: Capabilities, dtypes: Iterable[str] | None = None) -> Plan:
@@ -146,7 +144,7 @@ def plan_for(capabilities: Capabilities, dtypes: Iterable[str] | None = None) ->
 
 
 def _choose(
-    label: str, ours: tuple[int, ...], declared: frozenset[int] | None, skipped: list[str]
+    label: str, ours: tuple[int, ...], declared: AbstractSet[int] | None, skipped: list[str]
 ) -> tuple[int, ...]:
     """Our values the backend supports; its two smallest if it supports none of ours."""
     if declared is None:

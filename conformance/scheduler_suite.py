@@ -24,16 +24,14 @@ example database, so the next run replays them first.
 
 from __future__ import annotations
 
-import importlib
 import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -41,6 +39,7 @@ from hypothesis.errors import FlakyFailure
 
 from conformance.discovery import load_callable
 from conformance.plan import SetupError
+from conformance.runner import _same_draws_everywhere as same_draws_everywhere
 from conformance.scheduler_invariants import RunReport, SchedulerInvariantError, run_checked
 from conformance.scheduler_suite_engine import EngineExecutor, engine_unsupported
 from conformance.scheduler_workloads import Workload, workloads
@@ -145,7 +144,7 @@ def load_scheduler(ref: str) -> SchedulerFactory:
     attr, factory = load_callable(ref)
     try:
         probe = factory(PROBE)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # sys.exit in a factory is a setup error too
         raise SetupError(
             f"{ref!r}: calling {attr}({PROBE}) raised {type(err).__name__}: {err}"
         ) from err
@@ -257,7 +256,7 @@ def run_scheduler_suite(
     start = time.monotonic()
     try:
         # settings outermost: @seed alone would switch the example database off
-        with _seed_decides():
+        with same_draws_everywhere():
             config(seed(result.seed)(given(strategy)(example)))()
     except _Failed as failed:
         result.failure, result.workload = failed.error, failed.workload
@@ -295,33 +294,6 @@ def _settings(count: int, database: DirectoryBasedExampleDatabase | None, shrink
         print_blob=False,
         phases=list(Phase) if shrink else _NO_SHRINK,
     )
-
-
-@contextmanager
-def _seed_decides() -> Iterator[None]:
-    """Let the seed alone decide what is drawn, not the code base's constants.
-
-    Hypothesis (since 6.131) now and then draws an integer from the
-    constants of the non-test modules imported so far. Then a seed's run
-    would change with every edit anywhere in the project, and with what the
-    process imported before: no run could be reproduced, no report put in
-    the docs. The pool is emptied for the run (nothing happens where
-    Hypothesis has no such pool).
-    """
-    providers: Any = importlib.import_module("hypothesis.internal.conjecture.providers")
-    original = getattr(providers, "_get_local_constants", None)
-    cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
-    if original is None or cache is None or not hasattr(providers, "Constants"):
-        yield
-        return
-    empty = providers.Constants()
-    providers._get_local_constants = lambda: empty
-    cache.clear()
-    try:
-        yield
-    finally:
-        providers._get_local_constants = original
-        cache.clear()
 
 
 def _database(root: Path | None, ref: str) -> DirectoryBasedExampleDatabase | None:

@@ -5,7 +5,8 @@ Each is a small, realistic mistake in the spec's
 :class:`~spec.scheduler.Scheduler` protocol, building it with a wrong limit
 or rewriting what its :meth:`step` returns; three break its preemption loop
 and its cleanup, and so override its internal hooks (``_release``,
-``_preempt``, ``_chunk``, ``_schedule_running``): if those hooks change, the
+``_preempt``, ``_chunk``, ``_schedule_running``, ``_charge``, its
+``_running`` table, the ``cache`` it asks for blocks): if those change, the
 self-test reports them as missed.
 
 The suite finds the first seven with the model-free invariants, the last three
@@ -146,7 +147,7 @@ class LeaksFinished(ContinuousScheduler):
 
     def _release(self, seq: Sequence) -> None:
         if seq.status is SeqStatus.RUNNING:
-            self._running.remove(seq)
+            del self._running[seq.seq_id]  # and the blocks stay held
         else:
             super()._release(seq)
 
@@ -159,17 +160,18 @@ class PreemptsScheduledVictim(ContinuousScheduler):
     """
 
     def _schedule_running(self, plan: Any) -> None:
-        for seq in sorted(self._running, key=self._key):
+        for seq in sorted(self._running.values(), key=_rank):
             k = self._chunk(seq, plan)
-            if seq not in self._running or k == 0:
+            if seq.seq_id not in self._running or k == 0:
                 continue
-            while not self.manager.can_append(seq.seq_id, k):
-                others = sorted((s for s in self._running if s is not seq), key=self._key)
+            while not self.cache.can_grow(seq.seq_id, k):
+                others = sorted((s for s in self._running.values() if s is not seq), key=_rank)
                 self._preempt(others[0] if others else seq, plan)
                 if not others:
                     break
             else:
-                self._schedule(seq, k, plan)
+                self.cache.grow(seq.seq_id, seq.tokens[seq.num_computed : seq.num_computed + k])
+                self._charge(seq, k, plan)
 
 
 class SkipsAfterVictim(ContinuousScheduler):
@@ -186,6 +188,10 @@ class SkipsAfterVictim(ContinuousScheduler):
             self._stop = False
             return 0
         return super()._chunk(seq, plan)
+
+
+def _rank(seq: Sequence) -> Any:
+    return seq.rank
 
 
 # -- caught only by the engine loop (token-exact equivalence) -------------------------------

@@ -22,15 +22,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import cache
-from typing import TypeVar
+from typing import Literal
 
 from hypothesis import strategies as st
 
 from spec.block_manager import cdiv
 from spec.request import Request
 from spec.scheduler import SchedulerConfig
-
-T = TypeVar("T")
 
 BLOCK_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 48)
 """Powers of two and not: a scheduler must never assume ``B`` divides anything."""
@@ -86,7 +84,7 @@ def workloads(
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
 ) -> Workload:
     """A random workload that every request of which can fit (admission control passes)."""
-    block_size = draw(_choice(block_sizes))
+    block_size = draw(_sizes(block_sizes))
     shared = _tokens(draw, max_prompt, vocab)
     drawn = draw(_request_lists(max_requests, max_prompt, max_new, vocab, sampling))
     requests = tuple(d.request(i, shared) for i, d in enumerate(drawn))
@@ -99,14 +97,14 @@ def workloads(
         max_num_seqs=draw(_either(_ints(max_n, max_n + 1), _ints(max_n, 8))),  # often few
         max_model_len=max_prompt + max_new,
         max_chunk_tokens=draw(_CHUNK),
-        policy=draw(_choice(("fcfs", "priority"))),
-        preemption=draw(_choice(("recompute", "swap"))),
+        policy=draw(_POLICY),
+        preemption=draw(_PREEMPTION),
         num_host_blocks=draw(_either(_ints(largest, 3 * largest), _ints(0, 3 * largest))),
-        enable_prefix_caching=draw(_choice((False, True))),
+        enable_prefix_caching=draw(_BOOLEANS),
     )
     arrivals = {i: d.arrival for i, d in enumerate(drawn)}
     aborts = {}
-    for _ in range(draw(_choice((0, 0, 0, 1, 2)))):  # now and then, abort at some step
+    for _ in range(draw(_ABORTS)):  # now and then, abort at some step
         aborts[draw(_ints(0, len(requests) - 1))] = draw(_ints(0, 12))
     return Workload(config, requests, arrivals, aborts)
 
@@ -120,8 +118,8 @@ def _ints(low: int, high: int) -> st.SearchStrategy[int]:
 
 
 @cache
-def _choice(values: tuple[T, ...]) -> st.SearchStrategy[T]:
-    return st.sampled_from(values)
+def _sizes(block_sizes: tuple[int, ...]) -> st.SearchStrategy[int]:
+    return st.sampled_from(block_sizes)
 
 
 @cache
@@ -130,6 +128,15 @@ def _either(a: st.SearchStrategy[int], b: st.SearchStrategy[int]) -> st.SearchSt
 
 
 _CHUNK: st.SearchStrategy[int | None] = st.none() | st.integers(1, 16)
+_POLICY: st.SearchStrategy[Literal["fcfs", "priority"]] = st.sampled_from(("fcfs", "priority"))
+_PREEMPTION: st.SearchStrategy[Literal["recompute", "swap"]] = st.sampled_from(
+    ("recompute", "swap")
+)
+_BOOLEANS = st.booleans()
+_ABORTS = st.sampled_from((0, 0, 0, 1, 2))
+_SAMPLES = st.sampled_from((1, 1, 1, 2, 3))
+_TEMPERATURE = {True: st.sampled_from((0.0, 1.0)), False: st.just(0.0)}
+_CLASSES = st.sampled_from(("chat", "batch"))
 
 
 @cache
@@ -148,10 +155,10 @@ def _drawn(draw: st.DrawFn, max_prompt: int, max_new: int, vocab: int, sampling:
         max_new_tokens=draw(_ints(1, max_new)),
         stop_tokens=frozenset(draw(_stop_tokens(vocab))),
         priority=draw(_ints(0, 2)),
-        n=draw(_choice((1, 1, 1, 2, 3))),
-        temperature=draw(_choice((0.0, 1.0) if sampling else (0.0,))),
+        n=draw(_SAMPLES),
+        temperature=draw(_TEMPERATURE[sampling]),
         seed=draw(_ints(0, 1000)),
-        request_class=draw(_choice(("chat", "batch"))),
+        request_class=draw(_CLASSES),
         arrival=draw(_ints(0, 5)),
     )
 

@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.dtypes import F64, round_to
+from spec.attention import PLAIN, AttentionVariant
 from spec.backend import KVGeometry
 
 BLOCK_SIZES = (4, 1, 3, 16)
@@ -64,6 +65,7 @@ class WorkloadConfig:
     seed: int
     prefix_caching: bool = False
     long_context: bool = False  # a large pool, and long prompts prefilled in large chunks
+    variants: tuple[AttentionVariant, ...] = ()  # per layer; () means plain attention everywhere
 
     def __post_init__(self) -> None:
         if self.num_heads % self.geometry.num_kv_heads:
@@ -71,6 +73,16 @@ class WorkloadConfig:
                 f"{self.num_heads} query heads do not divide into "
                 f"{self.geometry.num_kv_heads} KV heads"
             )
+        if self.variants and len(self.variants) != self.geometry.num_layers:
+            raise ValueError(
+                f"{len(self.variants)} attention variants for {self.geometry.num_layers} layers"
+            )
+        for v in self.variants:
+            v.check_heads(self.num_heads)
+
+    def variant(self, layer: int) -> AttentionVariant:
+        """The attention variant of ``layer`` (plain unless the workload draws one)."""
+        return self.variants[layer] if self.variants else PLAIN
 
     @property
     def dtype(self) -> str:

@@ -19,26 +19,142 @@ reads KV head ``h // (H / H_kv)``: grouped-query attention, where
 >>> out = paged_attention(np.zeros((3, 1, 1)), build_batch(m, [(0, 3)]), mem, layer=0)
 >>> out[:, 0, 0].tolist()    # uniform weights over 1, 2 and 3 visible keys
 [0.0, 0.0, 2.0]
+
+**Variants.** Production models change the scores before the softmax. An
+:class:`AttentionVariant` names the changes one layer makes, applied in this
+order to the scaled scores ``s = scale * q . k`` of a query at position ``p``
+and a key at position ``k``:
+
+1. soft-capping (Gemma 2): ``s = c * tanh(s / c)``, so no logit exceeds ``c``;
+2. ALiBi (BLOOM, MPT): ``s += slope_h * (k - p)``, a per-head linear penalty
+   on distance (``k - p <= 0`` for every visible key);
+3. visibility: causal (``k <= p``), and with a sliding window of ``w`` tokens
+   (Mistral, Gemma 2/3, gpt-oss) only the last ``w`` positions:
+   ``p - w < k <= p`` (the query itself and ``w - 1`` keys before it, the
+   convention that vLLM passes as ``window_size=(w - 1, 0)``);
+4. softmax, where a sink (gpt-oss) is one extra logit per query head that
+   joins the denominator and contributes no value:
+   ``weight_k = exp(s_k - m) / (exp(sink_h - m) + sum_j exp(s_j - m))``,
+   with ``m`` the maximum over the scores and the sink.
+
+A window of 2 over values 0, 1, 2, 3 averages the last two; a sink of 0 logit
+against scores of 0 takes one share of the weight:
+
+>>> q = np.zeros((1, 1, 1)); k = np.zeros((4, 1, 1)); v = np.arange(4.0).reshape(4, 1, 1)
+>>> float(attend(q, k, v, np.array([3]), 1.0, AttentionVariant(window=2))[0, 0, 0])
+2.5
+>>> round(float(attend(q, k, v, np.array([3]), 1.0, AttentionVariant(sinks=(0.0,)))[0, 0, 0]), 9)
+1.2
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from spec.batch import BatchMetadata
-from spec.errors import InvalidRequestError
+from spec.errors import ArgumentValueError, InvalidRequestError
 from spec.kv_memory import KVMemory
+from spec.validate import check_int, check_real, check_scale
 
 F64 = NDArray[np.float64]
 
+VARIANTS = ("window", "softcap", "sinks", "alibi")
+"""The attention variants the contract knows, by the name a backend declares them with."""
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """What one layer's attention does beyond plain causal softmax (``None``: not used).
+
+    ``window``: sliding window of ``w >= 1`` tokens. ``softcap``: the cap ``c > 0``.
+    ``sinks``: one logit per query head. ``alibi_slopes``: one slope per query head.
+    """
+
+    window: int | None = None
+    softcap: float | None = None
+    sinks: tuple[float, ...] | None = None
+    alibi_slopes: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.window is not None:
+            check_int("window", self.window, low=1)
+        if self.softcap is not None:
+            check_scale("softcap", self.softcap)
+        for name in ("sinks", "alibi_slopes"):
+            values = getattr(self, name)
+            if values is not None:
+                if not isinstance(values, tuple) or not values:
+                    raise ArgumentValueError(f"{name} must be a non-empty tuple, got {values!r}")
+                for i, x in enumerate(values):
+                    check_real(f"{name}[{i}]", x)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The names (of :data:`VARIANTS`) this variant uses."""
+        used = (self.window, self.softcap, self.sinks, self.alibi_slopes)
+        return frozenset(name for name, x in zip(VARIANTS, used, strict=True) if x is not None)
+
+    @property
+    def is_plain(self) -> bool:
+        return not self.features
+
+    def check_heads(self, num_heads: int) -> None:
+        """Sinks and ALiBi slopes come one per query head."""
+        for name in ("sinks", "alibi_slopes"):
+            values = getattr(self, name)
+            if values is not None and len(values) != num_heads:
+                raise ArgumentValueError(
+                    f"{name} has {len(values)} entries, but there are {num_heads} query heads"
+                )
+
+    def first_visible(self, position: int) -> int:
+        """The earliest key position a query at ``position`` sees."""
+        return 0 if self.window is None else max(0, position - self.window + 1)
+
+
+PLAIN = AttentionVariant()
+"""Plain causal softmax attention."""
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+    """The standard ALiBi slopes: ``2 ** (-8 i / n)`` for ``i = 1 .. n`` when ``n`` is a power of 2.
+
+    Otherwise the slopes of the largest power of two ``n0 < n``, then every
+    other slope of ``2 * n0`` heads for the rest (the ALiBi paper's rule).
+
+    >>> alibi_slopes(4)
+    (0.25, 0.0625, 0.015625, 0.00390625)
+    >>> len(alibi_slopes(12)), alibi_slopes(12)[8]
+    (12, 0.7071067811865476)
+    """
+    n = check_int("num_heads", num_heads, low=1)
+    n0 = 1 << (n.bit_length() - 1)
+    first = [2.0 ** (-8.0 * i / n0) for i in range(1, n0 + 1)]
+    extra = [2.0 ** (-4.0 * i / n0) for i in range(1, 2 * (n - n0), 2)]
+    return tuple(first + extra)
+
 
 def paged_attention(
-    query: F64, batch: BatchMetadata, memory: KVMemory, layer: int, scale: float | None = None
+    query: F64,
+    batch: BatchMetadata,
+    memory: KVMemory,
+    layer: int,
+    scale: float | None = None,
+    *,
+    variant: AttentionVariant | None = None,
+    group: int = 0,
 ) -> F64:
-    """Attention output ``[num_tokens, num_heads, head_dim]`` for every token of the batch."""
+    """Attention output ``[num_tokens, num_heads, head_dim]`` for every token of the batch.
+
+    ``group`` is the KV cache group of ``layer``: whose block tables it reads
+    (:meth:`spec.batch.BatchMetadata.tables`). A windowed layer gathers only
+    the keys its queries can see, so blocks released before the window are
+    never read.
+    """
     num_kv_heads, head_dim = memory.shape[2], memory.shape[3]
     if query.ndim != 3 or query.shape[0] < batch.num_tokens or query.shape[2] != head_dim:
         raise InvalidRequestError(
@@ -49,33 +165,61 @@ def paged_attention(
             f"the batch was laid out for block size {batch.block_size}, "
             f"but the KV memory has blocks of {memory.shape[1]}"
         )
+    batch.validate(memory.shape[0])
     num_heads = query.shape[1]
     if num_heads % num_kv_heads:
         raise InvalidRequestError(f"{num_heads} query heads do not divide into {num_kv_heads}")
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    variant = PLAIN if variant is None else variant
+    variant.check_heads(num_heads)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
+    tables = batch.tables(group)
     out = np.zeros((batch.num_tokens, num_heads, head_dim))
     for i in range(batch.num_seqs):
         start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-        k, v = memory.gather(layer, batch.block_tables[i], batch.seq_lens[i])
-        positions = np.asarray(batch.positions[start:end])
-        out[start:end] = attend(query[start:end].astype(np.float64), k, v, positions, scale)
+        positions = np.asarray(batch.positions[start:end], dtype=np.int64)
+        first = variant.first_visible(int(positions[0]))
+        k, v = memory.gather(layer, tables[i], batch.seq_lens[i], start=first)
+        q = query[start:end].astype(np.float64)
+        out[start:end] = attend(q, k, v, positions, scale, variant, first_key=first)
     return out
 
 
-def attend(query: F64, key: F64, value: F64, positions: NDArray[np.int64], scale: float) -> F64:
-    """Causal attention over one sequence's contiguous K and V.
+def attend(
+    query: F64,
+    key: F64,
+    value: F64,
+    positions: NDArray[np.int64],
+    scale: float,
+    variant: AttentionVariant = PLAIN,
+    *,
+    first_key: int = 0,
+) -> F64:
+    """Causal attention over one sequence's contiguous K and V, with ``variant`` applied.
 
     ``query`` is ``[n, H, D]`` for tokens at ``positions``; ``key`` and
-    ``value`` are ``[t, H_kv, D]`` for positions ``0 .. t - 1``.
+    ``value`` are ``[t, H_kv, D]`` for positions ``first_key .. first_key + t - 1``.
     """
     group = query.shape[1] // key.shape[1]
     k = np.repeat(key, group, axis=1)  # [t, H, D]: query head h reads KV head h // group
     v = np.repeat(value, group, axis=1)
     scores = np.einsum("nhd,thd->hnt", query, k) * scale
-    visible = np.arange(key.shape[0])[None, :] <= positions[:, None]  # [n, t]
+    key_pos = first_key + np.arange(key.shape[0])
+    if variant.softcap is not None:
+        scores = variant.softcap * np.tanh(scores / variant.softcap)
+    if variant.alibi_slopes is not None:
+        distance = key_pos[None, :] - positions[:, None]  # [n, t], <= 0 where visible
+        scores = scores + np.asarray(variant.alibi_slopes)[:, None, None] * distance[None]
+    visible = key_pos[None, :] <= positions[:, None]  # [n, t]
+    if variant.window is not None:
+        visible &= key_pos[None, :] > positions[:, None] - variant.window
     scores = np.where(visible[None], scores, -np.inf)
-    scores -= scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)
-    weights /= weights.sum(axis=-1, keepdims=True)
-    out: F64 = np.einsum("hnt,thd->nhd", weights, v)
+    top = scores.max(axis=-1, keepdims=True)  # finite: every query sees itself
+    if variant.sinks is not None:
+        sinks = np.asarray(variant.sinks, dtype=np.float64)[:, None, None]  # [H, 1, 1]
+        top = np.maximum(top, sinks)
+    weights = np.exp(scores - top)
+    total = weights.sum(axis=-1, keepdims=True)
+    if variant.sinks is not None:
+        total = total + np.exp(sinks - top)
+    out: F64 = np.einsum("hnt,thd->nhd", weights / total, v)
     return out

@@ -8,10 +8,12 @@ party's backend are interchangeable under the conformance suite and the engine.
 
 Arrays cross the boundary as numpy ``float32`` (or ``float64``) so that a
 backend in any framework can plug in. Values handed to a backend are already
-representable in its cache dtype (the caller rounds them), so writing then
-reading back must return them bit for bit. A backend keeps its cache in the
-layout ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer, for K and
-for V, or converts to it in :meth:`Backend.read_cache`.
+representable in its activation dtype (the caller rounds them), so writing then
+reading back an unquantized cache must return them bit for bit; an fp8 cache
+stores what :func:`spec.quant.quantize` gives, and reading back returns those
+stored fp8 values (not multiplied by the scale). A backend keeps its cache in
+the layout ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer, for
+K and for V, or converts to it in :meth:`Backend.read_cache`.
 
 >>> backend = ReferenceBackend()
 >>> backend.create_cache(KVGeometry(num_layers=1, num_blocks=2, block_size=2,
@@ -21,33 +23,56 @@ for V, or converts to it in :meth:`Backend.read_cache`.
 >>> backend.copy_blocks([(1, 0)])
 >>> float(backend.read_cache(0)[0][0, 1, 0, 0])     # slot 3 is block 1, offset 1
 5.0
+
+What a backend can run is declared, not discovered: its :class:`Capabilities`.
+The conformance suite draws only what is declared and lists the rest as
+skipped. Everything new in a contract revision is off by default, so a backend
+written against an earlier revision keeps working unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
-from spec.attention import paged_attention
+from spec.attention import VARIANTS, AttentionVariant, paged_attention
 from spec.batch import BatchMetadata
-from spec.errors import InvalidRequestError
+from spec.errors import ArgumentTypeError, ArgumentValueError, InvalidRequestError
 from spec.kv_memory import KVMemory
+from spec.quant import FP8_FORMATS, check_fp8_scale
+from spec.validate import check_bool, check_choice, check_int, check_positive
 
 FloatArray = NDArray[np.floating]
 
 DTYPES = ("float32", "float16", "bfloat16")
-"""Cache dtypes the contract knows, by name (numpy has no bfloat16)."""
+"""Activation dtypes the contract knows, by name (numpy has no bfloat16): the query and output,
+and the cache itself unless it is quantized."""
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+KV_DTYPES = tuple(FP8_FORMATS)
+"""Quantized KV cache dtypes: ``fp8_e4m3`` and ``fp8_e5m2`` (see :mod:`spec.quant`)."""
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+TENSOR_KINDS = ("numpy", "torch")
+"""How arrays cross the boundary: numpy on the host (the default), or torch tensors on the
+backend's device (the device-resident contract, see docs/plugging-in.md)."""
 
 
 @dataclass(frozen=True)
 class KVGeometry:
-    """The shape of a KV cache: ``num_layers`` x (K, V) x ``[num_blocks, block_size, H_kv, D]``."""
+    """The shape of a KV cache: ``num_layers`` x (K, V) x ``[num_blocks, block_size, H_kv, D]``.
+
+    ``dtype`` is the activation dtype. ``kv_dtype`` (``None``, or one of
+    :data:`KV_DTYPES`) quantizes the cache, with ``kv_scales[layer] =
+    (k_scale, v_scale)``. ``layer_groups[layer]`` is the KV cache group whose
+    block tables and slots the layer uses (:meth:`BatchMetadata.tables`);
+    empty means every layer is in group 0.
+    """
 
     num_layers: int
     num_blocks: int
@@ -55,49 +80,203 @@ class KVGeometry:
     num_kv_heads: int
     head_dim: int
     dtype: str = "float32"
+    kv_dtype: str | None = None
+    kv_scales: tuple[tuple[float, float], ...] = ()
+    layer_groups: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
-            if getattr(self, name) < 1:
-                raise InvalidRequestError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.dtype not in DTYPES:
-            raise InvalidRequestError(f"dtype {self.dtype!r} is not one of {DTYPES}")
+            check_positive(name, getattr(self, name))
+        check_choice("dtype", self.dtype, DTYPES)
+        if self.kv_dtype is not None:
+            check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
+            if len(self.kv_scales) != self.num_layers:
+                raise ArgumentValueError(
+                    f"kv_scales must hold one (k_scale, v_scale) per layer ({self.num_layers}), "
+                    f"got {len(self.kv_scales)}"
+                )
+            for i, pair in enumerate(self.kv_scales):
+                if not isinstance(pair, tuple) or len(pair) != 2:
+                    raise ArgumentTypeError(f"kv_scales[{i}] must be a (k_scale, v_scale) tuple")
+                for j, s in enumerate(pair):
+                    check_fp8_scale(f"kv_scales[{i}][{j}]", s)
+        elif self.kv_scales:
+            raise ArgumentValueError("kv_scales are only for a quantized kv_dtype")
+        if self.layer_groups:
+            if len(self.layer_groups) != self.num_layers:
+                raise ArgumentValueError(
+                    f"layer_groups must name a group for each of {self.num_layers} layers, "
+                    f"got {len(self.layer_groups)}"
+                )
+            used = {
+                check_int(f"layer_groups[{i}]", g, low=0) for i, g in enumerate(self.layer_groups)
+            }
+            if used != set(range(len(used))):
+                raise ArgumentValueError(f"layer_groups must number groups 0..G-1: {sorted(used)}")
+
+    @property
+    def cache_dtype(self) -> str:
+        """What the cache stores: ``kv_dtype`` if quantized, else ``dtype``."""
+        return self.kv_dtype or self.dtype
+
+    @property
+    def num_groups(self) -> int:
+        return 1 + max(self.layer_groups, default=0)
+
+    def group_of(self, layer: int) -> int:
+        """The KV cache group of ``layer``."""
+        layer = check_int("layer", layer, low=0, high=self.num_layers - 1)
+        return self.layer_groups[layer] if self.layer_groups else 0
 
     @property
     def bytes_per_token(self) -> int:
         """K and V of one token across every layer."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+        per = DTYPE_BYTES[self.cache_dtype]
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * per
+
+    @property
+    def num_elements(self) -> int:
+        """Elements of one layer's K (or V) cache: offsets into it must not be computed in int32."""
+        return self.num_blocks * self.block_size * self.num_kv_heads * self.head_dim
+
+
+Excludes = Callable[[KVGeometry, int, AttentionVariant | None], str | None]
+"""A backend's own rule for combinations it cannot run: geometry, query heads and a layer's
+variant in, the reason out (``None`` when it can run them)."""
+
+
+def _names(label: str, values: Iterable[str], known: Sequence[str]) -> frozenset[str]:
+    out = frozenset(values)
+    unknown = sorted(out - set(known))
+    if unknown:
+        raise ArgumentValueError(f"capabilities.{label}: unknown {unknown}; known: {list(known)}")
+    return out
 
 
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend supports. The conformance suite skips, and reports, the rest.
 
-    ``None`` for a set means "any value".
+    ``None`` for a set or a limit means "any value". Sets are stored as frozensets.
+
+    * Numbers: ``dtypes`` (activation dtypes), ``kv_dtypes`` (quantized caches).
+    * Shapes: ``block_sizes``, ``head_dims``, ``num_kv_heads``, ``gqa_ratios``
+      (query heads per KV head), ``max_gqa_ratio``.
+    * Batches: ``max_num_seqs`` per call; ``max_query_len`` (1 for a
+      decode-only kernel); ``max_context_len`` (``seq_len``); ``decode``
+      (one new token after cached context); ``chunked_prefill`` (several new
+      tokens after cached context); ``mixed_batches`` (single- and multi-token
+      queries in one call).
+    * Memory: ``copy_on_write`` (fork rules), ``prefix_caching`` (prefix hits),
+      ``kv_groups`` (layers in several KV cache groups, one table each).
+    * Attention: ``variants``, a subset of :data:`spec.attention.VARIANTS`.
+    * ``tensors``: ``"numpy"`` (the default contract) or ``"torch"``.
+    * ``excludes``: the backend's own veto for combinations the fields above
+      cannot say (a head dim only in some dtypes, say).
     """
 
     name: str
     device: str = "cpu"
-    dtypes: frozenset[str] = frozenset(DTYPES)
-    block_sizes: frozenset[int] | None = None
-    head_dims: frozenset[int] | None = None
+    dtypes: AbstractSet[str] = frozenset(DTYPES)
+    kv_dtypes: AbstractSet[str] = frozenset()
+    block_sizes: AbstractSet[int] | None = None
+    head_dims: AbstractSet[int] | None = None
+    num_kv_heads: AbstractSet[int] | None = None
+    gqa_ratios: AbstractSet[int] | None = None
     max_gqa_ratio: int | None = None
+    max_num_seqs: int | None = None
+    max_query_len: int | None = None
+    max_context_len: int | None = None
+    decode: bool = True
+    chunked_prefill: bool = True
+    mixed_batches: bool = True
     copy_on_write: bool = True
     prefix_caching: bool = True
+    kv_groups: bool = False
+    variants: AbstractSet[str] = frozenset()
+    tensors: str = "numpy"
+    excludes: Excludes | None = field(default=None, compare=False, repr=False)
 
-    def unsupported(self, geometry: KVGeometry, num_heads: int) -> list[str]:
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ArgumentTypeError(f"capabilities.name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.device, str):
+            raise ArgumentTypeError(f"capabilities.device must be a str, got {self.device!r}")
+        put = object.__setattr__  # frozen: normalise in place, once
+        put(self, "dtypes", _names("dtypes", self.dtypes, DTYPES))
+        put(self, "kv_dtypes", _names("kv_dtypes", self.kv_dtypes, KV_DTYPES))
+        put(self, "variants", _names("variants", self.variants, VARIANTS))
+        for name in ("block_sizes", "head_dims", "num_kv_heads", "gqa_ratios"):
+            values = getattr(self, name)
+            if values is not None:
+                put(
+                    self, name, frozenset(check_positive(f"capabilities.{name}", v) for v in values)
+                )
+        for name in ("max_gqa_ratio", "max_num_seqs", "max_query_len", "max_context_len"):
+            if getattr(self, name) is not None:
+                check_positive(f"capabilities.{name}", getattr(self, name))
+        for f in fields(self):
+            if f.type == "bool":
+                check_bool(f"capabilities.{f.name}", getattr(self, f.name))
+        check_choice("capabilities.tensors", self.tensors, TENSOR_KINDS)
+        if self.excludes is not None and not callable(self.excludes):
+            raise ArgumentTypeError("capabilities.excludes must be callable or None")
+
+    def unsupported(
+        self, geometry: KVGeometry, num_heads: int, variant: AttentionVariant | None = None
+    ) -> list[str]:
         """Why this backend cannot run ``geometry`` with ``num_heads`` query heads; [] if it can."""
-        reasons = []
-        if geometry.dtype not in self.dtypes:
-            reasons.append(f"dtype {geometry.dtype}")
-        if self.block_sizes is not None and geometry.block_size not in self.block_sizes:
-            reasons.append(f"block size {geometry.block_size}")
-        if self.head_dims is not None and geometry.head_dim not in self.head_dims:
-            reasons.append(f"head dim {geometry.head_dim}")
-        ratio = num_heads // geometry.num_kv_heads
-        if self.max_gqa_ratio is not None and ratio > self.max_gqa_ratio:
-            reasons.append(f"GQA ratio {ratio}")
+        g = geometry
+        ratio = num_heads // g.num_kv_heads
+        checks = [
+            (g.dtype in self.dtypes, f"dtype {g.dtype}"),
+            (g.kv_dtype is None or g.kv_dtype in self.kv_dtypes, f"KV dtype {g.kv_dtype}"),
+            (_allows(self.block_sizes, g.block_size), f"block size {g.block_size}"),
+            (_allows(self.head_dims, g.head_dim), f"head dim {g.head_dim}"),
+            (_allows(self.num_kv_heads, g.num_kv_heads), f"{g.num_kv_heads} KV heads"),
+            (_allows(self.gqa_ratios, ratio), f"GQA ratio {ratio}"),
+            (self.max_gqa_ratio is None or ratio <= self.max_gqa_ratio, f"GQA ratio {ratio}"),
+            (g.num_groups == 1 or self.kv_groups, f"{g.num_groups} KV cache groups"),
+        ]
+        if variant is not None:
+            for name in sorted(variant.features - self.variants):
+                checks.append((False, f"attention variant {name}"))
+        reasons = list(dict.fromkeys(why for ok, why in checks if not ok))
+        if not reasons and self.excludes is not None:
+            veto = self.excludes(geometry, num_heads, variant)
+            if veto:
+                reasons.append(str(veto))
         return reasons
+
+    def query_unsupported(self, query_len: int, context_len: int) -> str | None:
+        """Why one sequence's query (``query_len`` new tokens after ``context_len``) cannot run."""
+        if self.max_query_len is not None and query_len > self.max_query_len:
+            return f"a query of {query_len} tokens (max_query_len {self.max_query_len})"
+        seq_len = query_len + context_len
+        if self.max_context_len is not None and seq_len > self.max_context_len:
+            return f"a context of {seq_len} tokens (max_context_len {self.max_context_len})"
+        if context_len and query_len == 1 and not self.decode:
+            return "a decode (decode is False)"
+        if context_len and query_len > 1 and not self.chunked_prefill:
+            return "a prefill chunk after cached context (chunked_prefill is False)"
+        return None
+
+    def batch_unsupported(self, batch: BatchMetadata) -> str | None:
+        """Why this backend cannot run ``batch`` in one call; ``None`` when it can."""
+        if self.max_num_seqs is not None and batch.num_seqs > self.max_num_seqs:
+            return f"{batch.num_seqs} sequences in one call (max_num_seqs {self.max_num_seqs})"
+        lens = [batch.query_len(i) for i in range(batch.num_seqs)]
+        if not self.mixed_batches and lens and min(lens) == 1 < max(lens):
+            return "single- and multi-token queries in one call (mixed_batches is False)"
+        for i, n in enumerate(lens):
+            why = self.query_unsupported(n, batch.seq_lens[i] - n)
+            if why:
+                return why
+        return None
+
+
+def _allows(declared: AbstractSet[int] | None, value: int) -> bool:
+    return declared is None or value in declared
 
 
 @runtime_checkable
@@ -107,6 +286,12 @@ class Backend(Protocol):
     The order within one step is: :meth:`copy_blocks` (the step's copy-on-write
     copies), then :meth:`write_kv` for the new tokens, then :meth:`attention`,
     layer by layer.
+
+    Optional methods the suite uses when present: ``read_blocks(layer, blocks)``
+    (K and V of just those blocks, ``[len(blocks), B, H_kv, D]`` each: lets the
+    suite compare a large pool without copying all of it), and
+    ``attention_path()`` (a short description of the internal path the last
+    :meth:`attention` call took, such as "split-KV x4", printed in reports).
     """
 
     @property
@@ -123,7 +308,8 @@ class Backend(Protocol):
     ) -> None:
         """Write row ``i`` of ``key``/``value`` (``[>= T, H_kv, D]``) into slot ``slot_mapping[i]``.
 
-        ``T = len(slot_mapping)``: rows past it are padding. Slot ``-1`` writes nothing.
+        ``T = len(slot_mapping)``: rows past it are padding. Slot ``-1`` writes
+        nothing. A quantized cache stores ``spec.quant.quantize(row, scale)``.
         """
         ...
 
@@ -134,11 +320,17 @@ class Backend(Protocol):
     def attention(
         self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
     ) -> FloatArray:
-        """Paged causal attention for every token of ``batch``: ``[T, H, D]`` in and out."""
+        """Paged causal attention for every token of ``batch``: ``[T, H, D]`` in and out.
+
+        A backend that declares :attr:`Capabilities.variants` also accepts a
+        keyword ``variant`` (an :class:`~spec.attention.AttentionVariant`): it
+        is passed only for a layer that uses one, so a plain call is unchanged.
+        A layer of KV cache group ``g`` reads ``batch.tables(g)``.
+        """
         ...
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
-        """This layer's K and V as ``[num_blocks, block_size, H_kv, D]`` float arrays."""
+        """This layer's K and V as ``[num_blocks, block_size, H_kv, D]`` float arrays (copies)."""
         ...
 
 
@@ -147,35 +339,79 @@ class ReferenceBackend:
 
     def __init__(self) -> None:
         self._memory: KVMemory | None = None
+        self._geometry: KVGeometry | None = None
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(name="reference", device="cpu")
+        return Capabilities(
+            name="reference",
+            device="cpu",
+            kv_dtypes=frozenset(KV_DTYPES),
+            kv_groups=True,
+            variants=frozenset(VARIANTS),
+        )
 
     def create_cache(self, geometry: KVGeometry) -> None:
+        if not isinstance(geometry, KVGeometry):
+            raise ArgumentTypeError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
         g = geometry
         self._memory = KVMemory(
-            g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim
+            g.num_layers,
+            g.num_blocks,
+            g.block_size,
+            g.num_kv_heads,
+            g.head_dim,
+            kv_dtype=g.kv_dtype,
+            kv_scales=g.kv_scales,
         )
+        self._geometry = g
 
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
     ) -> None:
-        self._mem().write(layer, key.astype(np.float64), value.astype(np.float64), slot_mapping)
+        self._mem().write(layer, _f64("key", key), _f64("value", value), slot_mapping)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         self._mem().copy_blocks(copies)
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
-        return paged_attention(query.astype(np.float64), batch, self._mem(), layer, scale)
+        memory, group = self._mem(), self._geo().group_of(layer)
+        q = _f64("query", query)
+        return paged_attention(q, batch, memory, layer, scale, variant=variant, group=group)
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
         mem = self._mem()
+        layer = check_int("layer", layer, low=0, high=mem.num_layers - 1)
         return mem.k[layer].copy(), mem.v[layer].copy()
+
+    def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+        mem = self._mem()
+        layer = check_int("layer", layer, low=0, high=mem.num_layers - 1)
+        ids = [
+            check_int(f"blocks[{i}]", b, low=0, high=mem.shape[0] - 1) for i, b in enumerate(blocks)
+        ]
+        return mem.k[layer][ids], mem.v[layer][ids]
 
     def _mem(self) -> KVMemory:
         if self._memory is None:
             raise InvalidRequestError("create_cache() must be called first")
         return self._memory
+
+    def _geo(self) -> KVGeometry:
+        self._mem()
+        assert self._geometry is not None
+        return self._geometry
+
+
+def _f64(name: str, x: object) -> NDArray[np.float64]:
+    if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+        raise ArgumentTypeError(f"{name} must be a numpy float array, got {type(x).__name__}")
+    return x.astype(np.float64)

@@ -7,19 +7,27 @@ where each sequence's tokens begin, how long its context is, and where its KV
 lives. This is the whole contract between the scheduler and a backend.
 
 Fields, for a step with ``S`` sequences and ``T`` scheduled tokens (dtypes are
-what a tensor backend should use):
+what a tensor backend should use, and what :meth:`BatchMetadata.arrays` gives):
 
 * ``seq_ids`` (S): which sequence each row describes.
 * ``query_start_loc`` (S + 1, int32): sequence ``i``'s new tokens are rows
   ``query_start_loc[i] .. query_start_loc[i + 1] - 1`` of the flattened batch.
+  It starts at 0 and strictly increases: every row has at least one new token.
 * ``seq_lens`` (S, int32): sequence ``i``'s context length *including* its
   new tokens. Its new tokens sit at the last ``query_len`` positions.
 * ``block_tables`` (S x max_blocks, int32): each sequence's block table, padded
-  with :data:`PAD_BLOCK`. Entries past ``ceil(seq_len / B)`` must never be read.
+  with :data:`PAD_BLOCK`. A kernel may never use an entry past
+  ``ceil(seq_len / B)`` as a block id (reading the padding itself is allowed;
+  the conformance suite's strict bounds mode flags even that).
 * ``slot_mapping`` (T, int64): the slot each new token's K and V go to.
 * ``positions`` (T, int64): each new token's position in its sequence.
 * ``copies`` (pairs of int): copy-on-write copies ``(src, dst)`` to execute,
   for K and V of every layer, *before* this step's KV writes.
+* ``extra_groups``: for a model whose layers form several KV cache groups
+  (say full-attention and sliding-window layers), the block tables and slot
+  mapping of groups ``1, 2, ...``; group 0's are the fields above. A
+  sliding-window group may release the blocks wholly before every query's
+  window: their entries, always a prefix of the row, are :data:`PAD_BLOCK`.
 
 Query token ``j`` of sequence ``i``, at position ``p = seq_len - query_len + j``,
 attends to that sequence's keys at positions ``0 .. p``.
@@ -40,14 +48,109 @@ attends to that sequence's keys at positions ``0 .. p``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
 
 from spec.block_manager import BlockManager, cdiv
-from spec.errors import InvalidRequestError
+from spec.errors import InvalidBatchError, InvalidRequestError, UnknownBlockError
+from spec.validate import check_int
 
 PAD_BLOCK = -1
 """Block-table padding. A kernel that dereferences it reads outside the pool."""
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def slot_of(table: Sequence[int], position: int, block_size: int) -> int:
+    """The paging formula: position ``p`` lives in slot ``table[p // B] * B + p % B``."""
+    return table[position // block_size] * block_size + position % block_size
+
+
+def check_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> tuple[tuple[int, int], ...]:
+    """A step's copy list, validated: ids of the pool, and independent of the order they run in.
+
+    No block may be both a source and a destination, and no destination may
+    repeat; otherwise the result would depend on the order of the copies.
+
+    >>> check_copies([(1, 2), (1, 3)], num_blocks=4)    # one source, two copies: fine
+    ((1, 2), (1, 3))
+    >>> check_copies([(1, 2), (2, 3)], num_blocks=4)
+    Traceback (most recent call last):
+    ...
+    spec.errors.InvalidBatchError: copies: block 2 is both a source and a destination
+    """
+    pairs = []
+    for i, pair in enumerate(copies):
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise InvalidBatchError(f"copies[{i}] must be a (src, dst) pair, got {pair!r}")
+        src, dst = (check_int(f"copies[{i}][{j}]", b) for j, b in enumerate(pair))
+        for b in (src, dst):
+            if not 0 <= b < num_blocks:
+                raise UnknownBlockError(
+                    f"copies[{i}] = ({src}, {dst}): block {b} is outside 0..{num_blocks - 1}"
+                )
+        pairs.append((src, dst))
+    dsts = [d for _, d in pairs]
+    repeated = {d for d in dsts if dsts.count(d) > 1}
+    if repeated:
+        raise InvalidBatchError(f"copies: destination block {min(repeated)} appears twice")
+    both = set(dsts) & {s for s, _ in pairs}
+    if both:
+        raise InvalidBatchError(f"copies: block {min(both)} is both a source and a destination")
+    return tuple(pairs)
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One more KV cache group's view of a step: its block tables and the slots its layers write."""
+
+    block_tables: tuple[tuple[int, ...], ...]
+    slot_mapping: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BatchArrays(Generic[A]):
+    """The batch as arrays with the contract's dtypes (numpy by default; any array type via map).
+
+    ``block_tables`` is ``[S, W]`` with ``W >= 1`` so that even an empty batch
+    has a well-formed table; ``copies`` is ``[n, 2]``. ``group_tables[g]`` and
+    ``group_slots[g]`` are group ``g``'s (``g = 0`` repeats the first two).
+    """
+
+    query_start_loc: A  # int32 [S + 1]
+    seq_lens: A  # int32 [S]
+    block_tables: A  # int32 [S, W]
+    slot_mapping: A  # int64 [T]
+    positions: A  # int64 [T]
+    copies: A  # int64 [n, 2]
+    group_tables: tuple[A, ...]
+    group_slots: tuple[A, ...]
+    num_tokens: int
+    max_query_len: int
+    max_seq_len: int
+
+    def map(self, fn: Callable[[A], B]) -> BatchArrays[B]:
+        """The same batch with every array converted by ``fn`` (e.g. to device tensors)."""
+        return BatchArrays(
+            fn(self.query_start_loc),
+            fn(self.seq_lens),
+            fn(self.block_tables),
+            fn(self.slot_mapping),
+            fn(self.positions),
+            fn(self.copies),
+            tuple(fn(t) for t in self.group_tables),
+            tuple(fn(s) for s in self.group_slots),
+            self.num_tokens,
+            self.max_query_len,
+            self.max_seq_len,
+        )
 
 
 @dataclass(frozen=True)
@@ -62,6 +165,8 @@ class BatchMetadata:
     slot_mapping: tuple[int, ...]
     positions: tuple[int, ...]
     copies: tuple[tuple[int, int], ...] = ()
+    extra_groups: tuple[GroupLayout, ...] = ()
+    _checked: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -86,13 +191,158 @@ class BatchMetadata:
     def is_decode_only(self) -> bool:
         return self.max_query_len <= 1
 
+    @property
+    def num_groups(self) -> int:
+        """KV cache groups laid out in this batch (1 unless the model has several)."""
+        return 1 + len(self.extra_groups)
+
+    def tables(self, group: int = 0) -> tuple[tuple[int, ...], ...]:
+        """Group ``group``'s block tables, one row per sequence."""
+        return self.block_tables if group == 0 else self._group(group).block_tables
+
+    def slots(self, group: int = 0) -> tuple[int, ...]:
+        """Group ``group``'s slot mapping: where the layers of that group write the new tokens."""
+        return self.slot_mapping if group == 0 else self._group(group).slot_mapping
+
+    def used_blocks(self, i: int) -> int:
+        """Table entries of sequence ``i`` that hold its context: ``ceil(seq_len / B)``."""
+        return cdiv(self.seq_lens[i], self.block_size)
+
+    def validate(self, num_blocks: int) -> None:
+        """The one check of batch metadata that every backend, the reference included, relies on.
+
+        Shapes agree; ``query_start_loc`` starts at 0 and strictly increases;
+        ``1 <= query_len <= seq_len``; positions are each sequence's last
+        ``query_len``; every table row is as wide as the widest and holds its
+        ``ceil(seq_len / B)`` used entries in ``0 .. num_blocks - 1`` (a
+        released prefix aside), padding after; the slot mapping is what the
+        paging formula gives; the copy list is valid. Raises
+        :class:`~spec.errors.InvalidBatchError` naming the first problem.
+        The result is remembered per ``num_blocks``: validating again is free,
+        so a backend may call it every layer. A backend on a hot path that
+        trusts its scheduler may skip it.
+        """
+        n = check_int("num_blocks", num_blocks, low=1)
+        if n in self._checked:
+            return
+        self._check_rows()
+        self._check_tokens()
+        for g in range(self.num_groups):
+            self._check_group(g, n)
+        check_copies(self.copies, n)
+        self._checked.add(n)
+
+    @cached_property
+    def _arrays(self) -> BatchArrays[NDArray[Any]]:
+        tables = tuple(_table_array(self.tables(g), self.num_seqs) for g in range(self.num_groups))
+        slots = tuple(np.asarray(self.slots(g), dtype=np.int64) for g in range(self.num_groups))
+        return BatchArrays(
+            np.asarray(self.query_start_loc, dtype=np.int32),
+            np.asarray(self.seq_lens, dtype=np.int32),
+            tables[0],
+            slots[0],
+            np.asarray(self.positions, dtype=np.int64),
+            np.asarray(self.copies, dtype=np.int64).reshape(-1, 2),
+            tables,
+            slots,
+            self.num_tokens,
+            self.max_query_len,
+            self.max_seq_len,
+        )
+
+    def arrays(self) -> BatchArrays[NDArray[Any]]:
+        """The metadata as numpy arrays of the contract's dtypes, built once per batch."""
+        return self._arrays
+
+    # -- internals ---------------------------------------------------------------
+
+    def _group(self, group: int) -> GroupLayout:
+        if not 0 < group < self.num_groups:
+            raise InvalidRequestError(f"group {group} is outside 0..{self.num_groups - 1}")
+        return self.extra_groups[group - 1]
+
+    def _check_rows(self) -> None:
+        s = self.num_seqs
+        check_int("block_size", self.block_size, low=1)
+        lengths = {
+            "seq_lens": len(self.seq_lens),
+            "query_start_loc - 1": len(self.query_start_loc) - 1,
+        }
+        for g in range(self.num_groups):
+            lengths[f"group {g} block_tables"] = len(self.tables(g))
+        wrong = {k: v for k, v in lengths.items() if v != s}
+        if wrong:
+            raise InvalidBatchError(f"{s} seq_ids, but {wrong}")
+        if len(set(self.seq_ids)) != s:
+            raise InvalidBatchError(f"a sequence appears twice in seq_ids {self.seq_ids}")
+        starts = self.query_start_loc
+        if starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
+            raise InvalidBatchError(f"query_start_loc must start at 0 and increase: {starts}")
+        for i in range(s):
+            if not self.query_len(i) <= self.seq_lens[i]:
+                raise InvalidBatchError(
+                    f"sequence {self.seq_ids[i]}: seq_len {self.seq_lens[i]} < "
+                    f"its {self.query_len(i)} new tokens"
+                )
+
+    def _check_tokens(self) -> None:
+        t = self.num_tokens
+        for name in ("slot_mapping", "positions"):
+            if len(getattr(self, name)) != t:
+                raise InvalidBatchError(f"{name} has {len(getattr(self, name))} entries, not {t}")
+        for i in range(self.num_seqs):
+            start, end = self.query_start_loc[i], self.query_start_loc[i + 1]
+            first = self.seq_lens[i] - self.query_len(i)
+            if self.positions[start:end] != tuple(range(first, self.seq_lens[i])):
+                raise InvalidBatchError(
+                    f"sequence {self.seq_ids[i]}: positions {self.positions[start:end]} are not "
+                    f"its last {self.query_len(i)} ({first}..{self.seq_lens[i] - 1})"
+                )
+
+    def _check_group(self, group: int, num_blocks: int) -> None:
+        tables, slots, b = self.tables(group), self.slots(group), self.block_size
+        if len(slots) != self.num_tokens:
+            raise InvalidBatchError(f"group {group}: {len(slots)} slots for {self.num_tokens}")
+        width = max((len(row) for row in tables), default=0)
+        for i, row in enumerate(tables):
+            where = f"group {group}, sequence {self.seq_ids[i]}"
+            used = self.used_blocks(i)
+            if len(row) != width or used > width:
+                raise InvalidBatchError(
+                    f"{where}: table row of {len(row)} entries (rows are {width} wide), "
+                    f"needs {used}"
+                )
+            released = next((j for j, x in enumerate(row) if x != PAD_BLOCK), width)
+            for j, block in enumerate(row):
+                ok = block == PAD_BLOCK if (j >= used or j < released) else 0 <= block < num_blocks
+                if not ok:
+                    raise InvalidBatchError(f"{where}: table entry {j} is {block!r}")
+            start = self.query_start_loc[i]
+            for p in self.positions[start : self.query_start_loc[i + 1]]:
+                if p // b < released:
+                    raise InvalidBatchError(f"{where}: position {p} is in a released block")
+                if slots[start] != slot_of(row, p, b):
+                    raise InvalidBatchError(
+                        f"{where}: slot_mapping[{start}] is {slots[start]}, but position {p} "
+                        f"lives in slot {slot_of(row, p, b)}"
+                    )
+                start += 1
+
+
+def _table_array(tables: Sequence[Sequence[int]], num_seqs: int) -> NDArray[np.int32]:
+    width = max(1, max((len(t) for t in tables), default=0))
+    rows = [list(t) + [PAD_BLOCK] * (width - len(t)) for t in tables]
+    return np.asarray(rows, dtype=np.int32).reshape(num_seqs, width)
+
 
 def build_batch(manager: BlockManager, scheduled: Sequence[tuple[int, int]]) -> BatchMetadata:
     """Lay out one step: ``scheduled`` lists ``(seq_id, num_new_tokens)``.
 
     The new tokens must already have slots (:meth:`BlockManager.append_slots`):
-    they are each sequence's last ``num_new_tokens`` tokens. Takes the
-    manager's pending copy-on-write copies into the batch.
+    they are each sequence's last ``num_new_tokens`` tokens, and they must be
+    *all* the tokens appended since the sequence was last laid out, so that
+    every token gets its KV written exactly once. Takes the manager's pending
+    copy-on-write copies into the batch.
     """
     seen: set[int] = set()
     starts, lens, tables, slots, positions = [0], [], [], [], []
@@ -102,9 +352,12 @@ def build_batch(manager: BlockManager, scheduled: Sequence[tuple[int, int]]) -> 
             raise InvalidRequestError(f"sequence {seq_id} is scheduled twice in one step")
         seen.add(seq_id)
         total = manager.num_tokens(seq_id)
-        if not 1 <= n <= total:
+        n = check_int(f"the number of new tokens of sequence {seq_id}", n, low=1, high=total)
+        pending = manager.num_uncommitted(seq_id)
+        if n != pending:
             raise InvalidRequestError(
-                f"sequence {seq_id}: {n} new tokens, but it holds {total} (need 1..{total})"
+                f"sequence {seq_id}: {n} new tokens scheduled, but {pending} were appended "
+                "since it was last laid out (each token's KV must be written exactly once)"
             )
         table = manager.block_table(seq_id)
         assert len(table) == cdiv(total, b)
@@ -113,7 +366,7 @@ def build_batch(manager: BlockManager, scheduled: Sequence[tuple[int, int]]) -> 
         tables.append(table)
         for p in range(total - n, total):
             positions.append(p)
-            slots.append(table[p // b] * b + p % b)
+            slots.append(slot_of(table, p, b))
     width = max((len(t) for t in tables), default=0)
     return BatchMetadata(
         block_size=b,

@@ -12,6 +12,16 @@ float64 and starts as NaN, so that any read of a slot nobody wrote shows up.
 >>> keys, values = mem.gather(0, block_table=[3, 1], num_tokens=3)
 >>> keys[:, 0, 0].tolist(), values[:, 0, 0].tolist()
 ([1.0, 2.0, 3.0], [-1.0, -2.0, -3.0])
+
+A quantized memory (``kv_dtype="fp8_e4m3"``, see :mod:`spec.quant`) stores what
+an fp8 cache stores, ``fp8(x / scale)``, and gathers ``stored * scale``:
+
+>>> q = KVMemory(1, 4, 2, 1, 1, kv_dtype="fp8_e4m3", kv_scales=((0.5, 0.25),))
+>>> q.write(0, np.array([[[1.3]]]), np.array([[[1.3]]]), slot_mapping=[0])
+>>> float(q.k[0][0, 0, 0, 0]), float(q.v[0][0, 0, 0, 0])       # 2.6 -> 2.5; 5.2 -> 5.0
+(2.5, 5.0)
+>>> [float(x[0, 0, 0]) for x in q.gather(0, [0], 1)]
+[1.25, 1.25]
 """
 
 from __future__ import annotations
@@ -21,19 +31,37 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from spec.batch import PAD_BLOCK, check_copies
 from spec.block_manager import PAD_SLOT
-from spec.errors import InvalidRequestError, UnknownBlockError
+from spec.errors import ArgumentValueError, InvalidRequestError, UnknownBlockError
+from spec.quant import FP8_FORMATS, check_fp8_scale, dequantize, quantize
+from spec.validate import check_choice, check_int, check_ints, check_positive
 
 F64 = NDArray[np.float64]
 
 
 class KVMemory:
-    """K and V for every layer, as float64, in the paged layout."""
+    """K and V for every layer, as float64, in the paged layout (fp8 values when quantized)."""
 
     def __init__(
-        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        kv_dtype: str | None = None,
+        kv_scales: Sequence[tuple[float, float]] = (),
     ) -> None:
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        dims = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        names = ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim")
+        num_layers, *rest = (check_positive(n, d) for n, d in zip(names, dims, strict=True))
+        if kv_dtype is not None:
+            check_choice("kv_dtype", kv_dtype, FP8_FORMATS)
+        self.kv_dtype = kv_dtype
+        self.kv_scales = _check_scales(kv_scales, num_layers, kv_dtype)
+        shape = (rest[0], rest[1], rest[2], rest[3])
         self.shape = shape
         self.num_layers = num_layers
         self.k: list[F64] = [np.full(shape, np.nan) for _ in range(num_layers)]
@@ -47,56 +75,112 @@ class KVMemory:
         """Write token ``i``'s K and V into slot ``slot_mapping[i]``; :data:`PAD_SLOT` skips.
 
         The number of tokens is ``len(slot_mapping)``; ``key`` and ``value`` may
-        carry extra padding rows after that, which are ignored.
+        carry extra padding rows after that, which are ignored. No slot may be
+        written twice in one call (the result would depend on the order).
         """
-        n = len(slot_mapping)
-        self._check_layer(layer)
+        layer = self._check_layer(layer)
+        slots = np.asarray(check_ints("slot_mapping", slot_mapping), dtype=np.int64)
+        n = slots.shape[0]
         row = self.shape[2:]
         for name, x in (("key", key), ("value", value)):
+            if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+                raise InvalidRequestError(f"{name} must be a float array, got {type(x).__name__}")
             if x.ndim != 3 or x.shape[1:] != row or x.shape[0] < n:
                 raise InvalidRequestError(
                     f"{name} has shape {x.shape}, expected [>= {n}, {row[0]}, {row[1]}]"
                 )
-        slots = np.asarray(slot_mapping, dtype=np.int64).reshape(n)
-        bad = (slots != PAD_SLOT) & ((slots < 0) | (slots >= self.num_slots))
-        if bad.any():
-            raise InvalidRequestError(
-                f"slot {int(slots[bad][0])} is outside 0..{self.num_slots - 1}"
-            )
         keep = slots != PAD_SLOT
-        self._flat(self.k[layer])[slots[keep]] = key[:n][keep]
-        self._flat(self.v[layer])[slots[keep]] = value[:n][keep]
+        bad = keep & ((slots < 0) | (slots >= self.num_slots))
+        if bad.any():
+            raise ArgumentValueError(
+                f"slot_mapping: slot {int(slots[bad][0])} is outside 0..{self.num_slots - 1}"
+            )
+        used = slots[keep]
+        if np.unique(used).size != used.size:
+            raise ArgumentValueError(f"slot_mapping writes one slot twice: {used.tolist()}")
+        self._flat(self.k[layer])[used] = self._store(key[:n][keep], layer, 0)
+        self._flat(self.v[layer])[used] = self._store(value[:n][keep], layer, 1)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        """Copy block ``src`` onto block ``dst`` for K and V of every layer."""
-        for src, dst in copies:
-            for b in (src, dst):
-                if not 0 <= b < self.shape[0]:
-                    raise UnknownBlockError(f"block {b} is outside 0..{self.shape[0] - 1}")
-        for layer in range(self.num_layers):
-            for src, dst in copies:
-                self.k[layer][dst] = self.k[layer][src]
-                self.v[layer][dst] = self.v[layer][src]
+        """Copy block ``src`` onto block ``dst`` for K and V of every layer.
 
-    def gather(self, layer: int, block_table: Sequence[int], num_tokens: int) -> tuple[F64, F64]:
-        """A sequence's K and V in logical order, ``[num_tokens, num_kv_heads, head_dim]``."""
-        self._check_layer(layer)
-        used = block_table[: -(-num_tokens // self.shape[1])]
-        bad = [b for b in used if not 0 <= b < self.shape[0]]
+        The list is checked whole first (:func:`spec.batch.check_copies`), so a
+        bad pair changes nothing.
+        """
+        pairs = check_copies(copies, self.shape[0])
+        if not pairs:
+            return
+        src = np.array([s for s, _ in pairs])
+        dst = np.array([d for _, d in pairs])
+        for layer in range(self.num_layers):
+            self.k[layer][dst] = self.k[layer][src]
+            self.v[layer][dst] = self.v[layer][src]
+
+    def gather(
+        self, layer: int, block_table: Sequence[int], num_tokens: int, *, start: int = 0
+    ) -> tuple[F64, F64]:
+        """K and V of positions ``start .. num_tokens - 1`` in logical order, dequantized.
+
+        Shapes ``[num_tokens - start, num_kv_heads, head_dim]``. Only the table
+        entries that hold those positions are read; each must be a block id.
+        """
+        layer = self._check_layer(layer)
+        b = self.shape[1]
+        num_tokens = check_int("num_tokens", num_tokens, low=0)
+        start = check_int("start", start, low=0, high=num_tokens)
+        table = check_ints("block_table", block_table, low=PAD_BLOCK)
+        if len(table) * b < num_tokens:
+            raise InvalidRequestError(f"{len(table)} blocks of {b} cannot hold {num_tokens} tokens")
+        used = table[start // b : -(-num_tokens // b)]
+        bad = [x for x in used if not 0 <= x < self.shape[0]]
         if bad:
             raise UnknownBlockError(
                 f"block table entry {bad[0]} is outside 0..{self.shape[0] - 1} "
-                "(padding must never be dereferenced)"
+                "(padding and released blocks must never be dereferenced)"
             )
-        slots = token_slots(block_table, num_tokens, self.shape[1])
-        return self._flat(self.k[layer])[slots], self._flat(self.v[layer])[slots]
+        slots = token_slots(table, num_tokens, b)[start:]
+        k = self._flat(self.k[layer])[slots]
+        v = self._flat(self.v[layer])[slots]
+        if self.kv_dtype is None:
+            return k, v
+        k_scale, v_scale = self.kv_scales[layer]
+        return dequantize(k, k_scale), dequantize(v, v_scale)
+
+    def _store(self, x: F64, layer: int, which: int) -> F64:
+        """What the cache holds for ``x``: itself, or its fp8 value when quantized."""
+        if self.kv_dtype is None:
+            return np.asarray(x, dtype=np.float64)
+        return quantize(x, self.kv_scales[layer][which], self.kv_dtype)
 
     def _flat(self, x: F64) -> F64:
         return x.reshape(self.num_slots, *self.shape[2:])
 
-    def _check_layer(self, layer: int) -> None:
-        if not 0 <= layer < self.num_layers:
-            raise InvalidRequestError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+    def _check_layer(self, layer: int) -> int:
+        return check_int("layer", layer, low=0, high=self.num_layers - 1)
+
+
+def _check_scales(
+    scales: Sequence[tuple[float, float]], num_layers: int, kv_dtype: str | None
+) -> tuple[tuple[float, float], ...]:
+    """One ``(k_scale, v_scale)`` per layer for a quantized memory, none otherwise."""
+    pairs = tuple(scales)
+    if kv_dtype is None:
+        if pairs:
+            raise ArgumentValueError("kv_scales are only for a quantized kv_dtype")
+        return ()
+    if len(pairs) != num_layers:
+        raise ArgumentValueError(f"kv_scales needs {num_layers} (k, v) pairs, got {len(pairs)}")
+    out = []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise ArgumentValueError(f"kv_scales[{i}] must be a (k_scale, v_scale) pair")
+        out.append(
+            (
+                check_fp8_scale(f"kv_scales[{i}][0]", pair[0]),
+                check_fp8_scale(f"kv_scales[{i}][1]", pair[1]),
+            )
+        )
+    return tuple(out)
 
 
 def token_slots(block_table: Sequence[int], num_tokens: int, block_size: int) -> NDArray[np.int64]:

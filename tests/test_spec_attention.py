@@ -50,7 +50,9 @@ def test_paged_attention_matches_loops_through_shuffled_tables(
     k_all, v_all, scheduled = {}, {}, []
     for seq, (context, new) in enumerate(work):
         m.add_sequence(seq, [0] * (context + new))
-        slots = m.append_slots(seq, [0] * (context + new))
+        slots = m.append_slots(seq, [0] * context)
+        m.mark_written(seq)  # the context's KV is written directly below, not by this step
+        slots += m.append_slots(seq, [0] * new)
         k_all[seq] = rng.standard_normal((context + new, num_kv_heads, head_dim))
         v_all[seq] = rng.standard_normal((context + new, num_kv_heads, head_dim))
         mem.write(0, k_all[seq], v_all[seq], slots)
@@ -97,7 +99,7 @@ def test_write_rejects_wrong_shapes_and_layers() -> None:
         mem.write(0, np.zeros((1, 1, 4)), np.zeros((1, 2, 4)), [0])
     with pytest.raises(InvalidRequestError, match="value has shape"):
         mem.write(0, np.zeros((2, 2, 4)), np.zeros((1, 2, 4)), [0, 1])
-    with pytest.raises(InvalidRequestError, match="layer 2"):
+    with pytest.raises(InvalidRequestError, match=r"layer must be in 0\.\.1, got 2"):
         mem.write(2, np.zeros((1, 2, 4)), np.zeros((1, 2, 4)), [0])
     with pytest.raises(UnknownBlockError):
         mem.copy_blocks([(0, 5)])
@@ -108,9 +110,11 @@ def test_build_batch_rejects_bad_schedules() -> None:
     m.add_sequence(0, [1, 2])
     m.append_slots(0, [1, 2])
     with pytest.raises(InvalidRequestError, match="scheduled twice"):
-        build_batch(m, [(0, 1), (0, 1)])
-    with pytest.raises(InvalidRequestError, match="3 new tokens"):
+        build_batch(m, [(0, 2), (0, 2)])
+    with pytest.raises(InvalidRequestError, match=r"sequence 0 must be in 1\.\.2, got 3"):
         build_batch(m, [(0, 3)])
+    with pytest.raises(InvalidRequestError, match="1 new tokens scheduled, but 2 were appended"):
+        build_batch(m, [(0, 1)])  # token 0 would never get its KV written
     with pytest.raises(UnknownSequenceError):
         build_batch(m, [(9, 1)])
     batch = build_batch(m, [(0, 2)])
