@@ -26,16 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "scheduler-conformance.md"
 
 SEEDS = {  # seeds that find and shrink each bug quickly
-    "budget per sequence, not per step": 1,
+    "budget per sequence, not per step": 0,
     "max_num_seqs + 2 running": 0,
-    "admits the newest waiting request first (LIFO)": 3,
+    "admits the newest waiting request first (LIFO)": 5,
     "feeds the prompt from its start after a prefix-cache hit": 4,
-    "a finished sequence keeps its blocks": 1,
+    "a finished sequence keeps its blocks": 0,
     "preempts a victim already scheduled this step": 4,
-    "skips the next running sequence after a preemption": 6,
-    "copy-on-write copies left out of the batch": 6,
+    "skips the next running sequence after a preemption": 0,
+    "copy-on-write copies left out of the batch": 1,
     "swap-in drops the last partial block": 6,
-    "a fork's samples read row 0's logits": 0,
+    "a fork's samples read row 0's logits": 1,
 }
 
 
