@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.numpy_backend import NumpyPagedBackend
+from spec.attention import AttentionVariant
 from spec.backend import Capabilities, FloatArray, KVGeometry
 from spec.batch import BatchMetadata
 
@@ -36,7 +37,13 @@ class _Float32Only(NumpyPagedBackend):
 
 class ExitsInAttention(_Float32Only):
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         sys.exit(0)
 
@@ -49,21 +56,33 @@ class HangsInAttention(_Float32Only):
     """Sleeps in ``attention``; with :data:`MARKER_VAR`, after starting a helper process."""
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         marker = os.environ.get(MARKER_VAR)
         if marker:
             helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
             Path(marker).write_text(f"{os.getpid()} {helper.pid}")
         time.sleep(3600)
-        return super().attention(layer, query, batch, scale)
+        return super().attention(layer, query, batch, scale, variant=variant)
 
 
 class RaisesKeyboardInterrupt(_Float32Only):
     """Raises ``KeyboardInterrupt`` itself, with no Ctrl-C pressed."""
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         raise KeyboardInterrupt
 
@@ -72,7 +91,13 @@ class AbortsInAttention(_Float32Only):
     """``abort()``: what glibc does on heap corruption ("free(): invalid pointer")."""
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
         os.abort()
@@ -109,7 +134,13 @@ class WrongOnceInAttention(_Float32Only):
     """Corrupts the output of its fifth attention call in the process, and never again."""
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         global _calls
         _calls += 1
@@ -119,10 +150,16 @@ class WrongOnceInAttention(_Float32Only):
 
 class WritesIntoQuery(_Float32Only):
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         query[0, 0, 0] = 0.0  # raises: the suite passes it read-only
-        return super().attention(layer, query, batch, scale)
+        return super().attention(layer, query, batch, scale, variant=variant)
 
 
 class WritesIntoKeyNatively(_Float32Only):
