@@ -1,7 +1,8 @@
 """``python -m conformance scheduler``: passing runs, reports, setup errors, the engine opt-out.
 
 The planted bugs are in ``test_conformance_scheduler_planted.py``; the docs
-page's outputs in ``test_conformance_scheduler_docs.py``.
+page's worked example in ``test_conformance_scheduler_docs.py`` (its command
+outputs are checked by ``test_docs.py``, like every page's).
 """
 
 from __future__ import annotations
