@@ -468,7 +468,7 @@ class CacheManager:
             start += len(h)
         state = None
         if self._state is not None:
-            state = (self._state.slot(seq_id), self._host_state.allocate(1)[0])
+            state = (self._state.source(seq_id), self._host_state.allocate(1)[0])
         device = tuple(b for h in held for b in h)
         out = SwapOut(seq_id, device, tuple(hosts), self.manager.num_tokens(seq_id), state)
         released = tuple(

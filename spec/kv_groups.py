@@ -202,6 +202,12 @@ class StateManager:
     def pending_copies(self) -> tuple[tuple[int, int], ...]:
         return tuple((src, dst) for dst, src in self._copies.items())
 
+    def source(self, seq_id: int) -> int:
+        """The slot that holds the sequence's state right now: its own, or, while a fork's copy
+        into it is pending, that copy's source (a swap-out reads it before any copy runs)."""
+        slot = self.slot(seq_id)
+        return self._copies.get(slot, slot)
+
     def add(self, seq_id: int) -> int:
         """Give a new sequence a slot (its state starts empty: its first position is 0)."""
         sid = self._new(seq_id)
