@@ -63,7 +63,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from spec.block_manager import PAD_BLOCK as PAD_BLOCK
-from spec.block_manager import BlockManager, cdiv
+from spec.block_manager import BlockManager, cdiv, slot_range
 from spec.errors import InvalidBatchError, InvalidRequestError, UnknownBlockError
 from spec.validate import check_int
 
@@ -73,7 +73,7 @@ B = TypeVar("B")
 
 def slot_of(table: Sequence[int], position: int, block_size: int) -> int:
     """The paging formula: position ``p`` lives in slot ``table[p // B] * B + p % B``."""
-    return table[position // block_size] * block_size + position % block_size
+    return slot_range(table, position, position + 1, block_size)[0]
 
 
 def check_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> tuple[tuple[int, int], ...]:
@@ -434,6 +434,6 @@ def _group_layout(manager: BlockManager, scheduled: Sequence[tuple[int, int]]) -
         table, total = manager.block_table(seq_id), manager.num_tokens(seq_id)
         assert len(table) == cdiv(total, b)
         tables.append(table)
-        slots.extend(slot_of(table, p, b) for p in range(total - n, total))
+        slots.extend(slot_range(table, total - n, total, b))
     width = max((len(t) for t in tables), default=0)
     return GroupLayout(tuple(t + (PAD_BLOCK,) * (width - len(t)) for t in tables), tuple(slots))

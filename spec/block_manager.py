@@ -79,7 +79,7 @@ from spec.errors import (
     UnknownSequenceError,
 )
 from spec.kv_budget import cdiv as cdiv  # re-exported: blocks for t tokens, ceil(t / B)
-from spec.prefix_cache import block_hash, prompt_block_hashes
+from spec.prefix_cache import prompt_block_hashes
 from spec.validate import (
     check_bool,
     check_instance,
@@ -97,11 +97,31 @@ PAD_BLOCK = -1
 """A block-table entry that names no block: table padding, or a block a window released."""
 
 
+def slot_range(table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    """The slots of positions ``start .. end - 1``: ``table[p // B] * B + p % B`` for each.
+
+    The paging formula, computed one block's run of positions at a time (a
+    long prefill has many positions and few blocks).
+
+    >>> slot_range([7, 2], 2, 6, block_size=4)      # positions 2, 3 in block 7; 4, 5 in block 2
+    [30, 31, 8, 9]
+    """
+    out: list[int] = []
+    p = start
+    while p < end:
+        i, offset = divmod(p, block_size)
+        n = min(end - p, block_size - offset)
+        base = table[i] * block_size + offset
+        out.extend(range(base, base + n))
+        p += n
+    return out
+
+
 @dataclass
 class _Sequence:
     table: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # every token that has a slot
-    hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
+    hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks (caching)
     extra_keys: tuple[Hashable, ...] = ()
     num_committed: int = 0  # tokens laid out in a step already: their KV is (being) written
     released: int = 0  # leading table entries a sliding window gave back (PAD_BLOCK)
@@ -212,12 +232,11 @@ class BlockManager:
                 f"position must be in 0..{len(seq.tokens) - 1} (the tokens of sequence "
                 f"{seq_id}), got {p}"
             )
-        b = self.block_size
-        if p // b < seq.released:
+        if p // self.block_size < seq.released:
             raise ArgumentValueError(
                 f"position {p} of sequence {seq_id} is in a block its window released"
             )
-        return seq.table[p // b] * b + p % b
+        return slot_range(seq.table, p, p + 1, self.block_size)[0]
 
     def tail_waste(self, seq_id: int) -> int:
         """Slots allocated to the sequence that hold no token: at most ``B - 1``."""
@@ -386,7 +405,7 @@ class BlockManager:
         seq.tokens.extend(tokens)
         self._name_full_blocks(seq)
         b = self.block_size
-        return [seq.table[p // b] * b + p % b for p in range(start, len(seq.tokens))]
+        return slot_range(seq.table, start, len(seq.tokens), b)
 
     def release_expired(self, seq_id: int) -> int:
         """Release now what the window no longer needs (the next append would); return how many.
@@ -423,7 +442,7 @@ class BlockManager:
         seq.num_committed = len(toks)
         self._seqs[sid] = seq
         b = self.block_size
-        return [seq.table[p // b] * b + p % b for p in range(seq.released * b, len(toks))]
+        return slot_range(seq.table, seq.released * b, len(toks), b)
 
     def mark_written(self, seq_id: int) -> None:
         """Count every token of ``seq_id`` as laid out: a swap-in restores their KV this step.
@@ -536,8 +555,9 @@ class BlockManager:
             assert PAD_BLOCK not in held and len(set(held)) == len(held), (
                 f"sequence {seq_id}: aliased table"
             )
-            assert len(seq.hashes) == len(seq.tokens) // b, (
-                f"sequence {seq_id}: {len(seq.hashes)} hashes, {len(seq.tokens) // b} full blocks"
+            named = len(seq.tokens) // b if self.enable_prefix_caching else 0
+            assert len(seq.hashes) == named, (
+                f"sequence {seq_id}: {len(seq.hashes)} hashes, {named} full blocks"
             )
             assert 0 <= seq.num_committed <= len(seq.tokens), (
                 f"sequence {seq_id}: {seq.num_committed} of {len(seq.tokens)} tokens committed"
@@ -679,12 +699,15 @@ class BlockManager:
         self.pool.decref(src)
 
     def _name_full_blocks(self, seq: _Sequence) -> None:
-        """Hash the blocks that have just filled, and offer the held ones to the prefix cache."""
-        b = self.block_size
-        while len(seq.hashes) < len(seq.tokens) // b:
-            i = len(seq.hashes)
-            parent = seq.hashes[-1] if seq.hashes else None
-            h = block_hash(parent, seq.tokens[i * b : (i + 1) * b], seq.extra_keys)
-            seq.hashes.append(h)
-            if self.enable_prefix_caching and i >= seq.released:
-                self.pool.register(seq.table[i], h)
+        """Hash the blocks that have just filled, and offer the held ones to the prefix cache.
+
+        Without prefix caching nothing is named: no lookup could use the names.
+        """
+        if not self.enable_prefix_caching:
+            return
+        b, first = self.block_size, len(seq.hashes)
+        parent = seq.hashes[-1] if seq.hashes else None
+        new = seq.tokens[first * b : len(seq.tokens) // b * b]
+        seq.hashes.extend(prompt_block_hashes(new, b, seq.extra_keys, parent=parent))
+        for i in range(max(first, seq.released), len(seq.hashes)):
+            self.pool.register(seq.table[i], seq.hashes[i])

@@ -222,6 +222,7 @@ class CacheManager:
         num_blocks = check_positive("num_blocks", num_blocks)
         self._block_size = check_positive("block_size", block_size)
         caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        self._caching = caching
         self._groups = _check_groups(groups)
         self._max_chunk = None
         if max_chunk_tokens is not None:
@@ -349,8 +350,10 @@ class CacheManager:
     def cached_tokens(self, tokens: Sequence[int]) -> int:
         """Leading tokens the prefix cache would supply to a new sequence in every group (a pure
         query): the longest prefix each group can supply, none with a state group."""
-        tokens = check_token_ids("tokens", tokens)
-        if self._state is not None:
+        return self._cached(check_token_ids("tokens", tokens))
+
+    def _cached(self, tokens: tuple[int, ...]) -> int:
+        if self._state is not None or not self._caching:
             return 0
         cached = self._managers[0].cached_prefix(tokens)
         while len(self._managers) > 1:
@@ -368,7 +371,9 @@ class CacheManager:
         group must agree: the sum of the paged groups' blocks is available,
         and a state slot is free.
         """
-        tokens = check_token_ids("tokens", tokens)
+        return self._can_admit(check_token_ids("tokens", tokens), chunk_limit)
+
+    def _can_admit(self, tokens: tuple[int, ...], chunk_limit: int) -> bool:
         chunk_limit = check_positive("chunk_limit", chunk_limit)
         return self._admission_cost(tokens, chunk_limit) <= self._pool.num_available and (
             self._state is None or self._state.pool.num_free > 0
@@ -379,10 +384,10 @@ class CacheManager:
         seq_id = check_int("seq_id", seq_id, low=0)
         if self.holds(seq_id):
             raise DuplicateSequenceError(f"seq_id {seq_id} already holds memory")
-        if not self.can_admit(tokens, chunk_limit):
-            raise OutOfBlocksError(f"sequence {seq_id}: too few blocks to admit it now")
         tokens = check_token_ids("tokens", tokens)
-        cached = self.cached_tokens(tokens)
+        if not self._can_admit(tokens, chunk_limit):
+            raise OutOfBlocksError(f"sequence {seq_id}: too few blocks to admit it now")
+        cached = self._cached(tokens)
         num_new = min(len(tokens) - cached, chunk_limit)
         for m in self._managers:  # every group's hits first, then fresh blocks
             m.add_sequence(seq_id, tokens, max_cached=cached)
@@ -394,7 +399,7 @@ class CacheManager:
 
     def _admission_cost(self, tokens: tuple[int, ...], chunk_limit: int) -> int:
         """Available blocks admission would consume, over every paged group."""
-        cached = self.cached_tokens(tokens)
+        cached = self._cached(tokens)
         num_new = min(len(tokens) - cached, chunk_limit)
         return sum(m.blocks_to_admit(tokens, num_new, max_cached=cached) for m in self._managers)
 
