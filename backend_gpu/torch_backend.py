@@ -26,7 +26,9 @@ class TorchBackend(TorchCacheBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(name="torch", device=str(self.device), dtypes=frozenset(DTYPES))
+        return Capabilities(
+            name="torch", device=str(self.device), dtypes=frozenset(DTYPES), kv_groups=True
+        )
 
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
@@ -62,9 +64,10 @@ class TorchBackend(TorchCacheBackend):
         out = torch.empty(
             batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device
         )
+        tables = batch.tables(cache.geometry.group_of(layer))  # the layer's KV cache group
         for i in range(batch.num_seqs):
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            k, v = self._gather(k_cache, v_cache, batch.block_tables[i], batch.seq_lens[i])
+            k, v = self._gather(k_cache, v_cache, tables[i], batch.seq_lens[i])
             out[start:end] = _attend(q[start:end], k, v, batch.seq_lens[i], scale).to(cache.dtype)
         return to_numpy(out)
 
