@@ -17,13 +17,15 @@ import numpy as np
 from conformance.dtypes import F64, Tolerance
 
 _SHOWN = 6  # vector elements shown in a report
+FAULTS = ("exception", "shape", "input", "alias", "hang", "crash", "internal")
+"""Kinds of difference that are the backend (or the run) failing, rather than a wrong value."""
 
 
 @dataclass(frozen=True)
 class Difference:
     """The first place where the backend and the spec disagree."""
 
-    what: str  # "K", "V", "output", "shape", or "exception"
+    what: str  # "K", "V", "output", or one of FAULTS
     step: int
     detail: str
     layer: int | None = None
@@ -50,7 +52,7 @@ class Difference:
         ):
             if value is not None:
                 where.append(f"{label} {value}")
-        if self.what in ("exception", "shape"):
+        if self.what in FAULTS:
             lines = [f"the backend failed at {', '.join(where)}: {self.detail}"]
         else:
             lines = [f"{self.what} differs at {', '.join(where)}: {self.detail}"]

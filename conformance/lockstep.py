@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import NoReturn, TypeVar
 
 import numpy as np
@@ -33,6 +34,7 @@ from numpy.typing import NDArray
 from conformance.compare import Difference, first_kv_difference, first_output_difference
 from conformance.dtypes import F64, TOLERANCES
 from conformance.guard import BackendFault, CallGuard
+from conformance.variants import describe, describe_kv
 from conformance.workload import TokenKV, WorkloadConfig, background, padding_rows, queries
 from spec.attention import paged_attention
 from spec.backend import Backend
@@ -84,6 +86,7 @@ class Lockstep:
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.step_index = 0
         self.log = [f"ls = Lockstep(backend, {config!r})"]
+        self.guard.attach(self)  # the guard reports the workload with each call
         self._call("create_cache", backend.create_cache, g)
         self._prime()
 
@@ -152,7 +155,7 @@ class Lockstep:
                     g.block_size,
                 )
                 if diff is not None:
-                    raise ConformanceFailure(diff, self.log)
+                    raise ConformanceFailure(self._named(diff, layer), self.log)
             self.checks["K and V of every slot compared exactly"] += 2 * flat[0]
             self.checks["K and V of live tokens compared exactly"] += 2 * len(owners)
         self._check_spec_truth()
@@ -194,7 +197,7 @@ class Lockstep:
                 self.step_index, layer, expected, actual, tolerance, rows
             )
             if diff is not None:
-                raise ConformanceFailure(diff, self.log)
+                raise ConformanceFailure(self._named(diff, layer), self.log)
             self.checks["attention outputs compared to the float64 reference"] += len(rows)
 
     # -- internals ----------------------------------------------------------------
@@ -279,7 +282,13 @@ class Lockstep:
         try:
             return self.guard.call(what, fn, *args, **kwargs)
         except BackendFault as fault:
-            self._fail("exception", fault.detail)
+            self._fail(fault.kind, fault.detail, layer=fault.layer)
+
+    def _named(self, diff: Difference, layer: int) -> Difference:
+        """``diff`` with the layer's attention variant and KV dtype (and fp8 scales) named."""
+        c = self.config
+        kind = f"{describe(c.variant(layer))}; {describe_kv(c.geometry, layer)}"
+        return replace(diff, detail=f"{diff.detail} [layer {layer}: {kind}]")
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
         raise ConformanceFailure(Difference(what, self.step_index, detail, layer=layer), self.log)

@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from conformance.lockstep import ConformanceFailure, Lockstep
 from conformance.plan import Plan
+from conformance.variants import label
 from conformance.workload import LONG_PROMPTS, WorkloadConfig
 from spec.backend import Backend
 
@@ -131,6 +132,7 @@ class LockstepMachine(RuleBasedStateMachine):
         long = " long-context" if config.long_context else ""
         self.stats.configs[
             f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}{long}"
+            + label(config)  # fp8 KV and attention variants, if any
         ] += 1
         try:
             self.lockstep = Lockstep(self.backend, config, self.stats.checks)

@@ -31,6 +31,7 @@ from conformance.workload import (
     GQA_GROUPS,
     HEAD_DIMS,
     KV_HEADS,
+    LARGE_LOGIT_GAIN,
     LAYERS,
     WorkloadConfig,
     geometry_for,
@@ -88,7 +89,8 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     prefix_caching = draw(st.booleans()) if plan.prefix_caching else False
     kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers))
     geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
-    variants = draw(layer_variants(plan.capabilities, layers, num_heads, long_context))
+    spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
+    variants = draw(layer_variants(plan.capabilities, layers, num_heads, long_context, spread))
     return WorkloadConfig(
         geometry,
         num_heads,

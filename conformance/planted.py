@@ -15,6 +15,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.numpy_backend import F32, Ints, NumpyPagedBackend
+from conformance.planted_variants import (
+    AlibiSignFlipped,
+    Fp8NoSaturation,
+    Fp8ScaleIgnored,
+    Fp8ScaleTwice,
+    SinkNotInDenominator,
+    SoftcapAfterExp,
+    SoftcapUnscaled,
+    WindowOffByOne,
+)
 from spec.block_manager import cdiv
 
 
@@ -157,5 +167,13 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "softmax without max subtraction (overflows in fp16)": SoftmaxWithoutMax,
     "wrong scale": IgnoresScale,
     "online softmax over 64-key tiles without rescaling the accumulator": OnlineSoftmaxNoRescale,
+    "sliding window edge off by one (w + 1 keys)": WindowOffByOne,
+    "soft-cap applied to the unscaled scores": SoftcapUnscaled,
+    "soft-cap applied after exp": SoftcapAfterExp,
+    "attention sink left out of the softmax denominator": SinkNotInDenominator,
+    "ALiBi bias with the sign flipped": AlibiSignFlipped,
+    "fp8 KV scale applied twice": Fp8ScaleTwice,
+    "fp8 KV scale not applied": Fp8ScaleIgnored,
+    "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
 }
 """Each planted bug, by the bug class it stands for."""

@@ -21,8 +21,6 @@ from spec.backend import Backend, KVGeometry, ReferenceBackend
 from spec.cache_manager import FULL_ATTENTION, CacheManager, sliding_window
 from spec.kv_groups import KVCacheGroup
 
-BACKENDS: dict[str, Callable[[], Backend]] = {}
-
 
 def _torch() -> Backend:
     from backend_gpu.torch_backend import TorchBackend
@@ -36,11 +34,13 @@ def _triton() -> Backend:
     return TritonBackend()
 
 
-BACKENDS = {"torch": _torch, "triton": _triton}
+BACKENDS: dict[str, Callable[[], Backend]] = {"torch": _torch, "triton": _triton}
 B, HEADS, KV_HEADS, DIM = 2, 4, 2, 8
 
 
-def _run(backend: Backend, groups: tuple[KVCacheGroup, ...], window: int | None) -> list[np.ndarray]:
+def _run(
+    backend: Backend, groups: tuple[KVCacheGroup, ...], window: int | None
+) -> list[np.ndarray]:
     """Prefill two sequences, decode five steps; every step's attention output of both layers."""
     cache = CacheManager(40, B, groups=groups)
     geometry = KVGeometry(2, 40, B, KV_HEADS, DIM, layer_groups=(0, 1))

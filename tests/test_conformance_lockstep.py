@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from variant_workloads import VARIANT_WORKLOADS
 
 from conformance.compare import first_kv_difference, first_output_difference
 from conformance.dtypes import TOLERANCES, round_to
@@ -115,6 +116,7 @@ WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]
     "SoftmaxWithoutMax": (_decode_partial, _config(dtype="float16", large=True), {"output"}),
     "IgnoresScale": (_decode_partial, _config(large=True), {"output"}),
     "OnlineSoftmaxNoRescale": (_long_prompt, _long_config(), {"output"}),
+    **VARIANT_WORKLOADS,  # the variant and fp8 bugs: tests/variant_workloads.py
 }
 
 
@@ -175,7 +177,7 @@ class _Raises(NumpyPagedBackend):
 
 
 class _WrongShape(NumpyPagedBackend):
-    def attention(self, layer, query, batch, scale):  # type: ignore[no-untyped-def]
+    def attention(self, layer, query, batch, scale):  # type: ignore[no-untyped-def, override]
         return super().attention(layer, query, batch, scale)[:, :1]
 
 
