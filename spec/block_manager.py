@@ -284,7 +284,7 @@ class BlockManager:
 
     def blocks_reclaimed(self, seq_id: int) -> int:
         """Blocks the next append gives back to the pool: out of the window, no other holder."""
-        return sum(self.pool.ref_count(b) == 1 for b in self._expired(self._get("seq_id", seq_id)))
+        return self._reclaimable(self._get("seq_id", seq_id))
 
     def can_append(self, seq_id: int, num_new_tokens: int) -> bool:
         needed = self.blocks_needed(seq_id, num_new_tokens)
@@ -388,7 +388,7 @@ class BlockManager:
         seq = self._get("seq_id", seq_id)
         tokens = check_token_ids("token_ids", token_ids)
         needed = self._blocks_needed(seq, len(tokens))
-        reclaimed = sum(self.pool.ref_count(b) == 1 for b in self._expired(seq))
+        reclaimed = self._reclaimable(seq)
         if needed - reclaimed > self.pool.num_available:
             self.pool.num_allocation_failures += 1
             released = f" ({reclaimed} released by its window)" if reclaimed else ""
@@ -396,7 +396,8 @@ class BlockManager:
                 f"sequence {seq_id} needs {needed} blocks for {len(tokens)} tokens, "
                 f"{self.pool.num_available} available{released}"
             )
-        self._release(seq)
+        if self.window is not None:
+            self._release(seq)
         if tokens and self._needs_copy(seq):
             self._copy_on_write(seq)
         start = len(seq.tokens)
@@ -618,6 +619,12 @@ class BlockManager:
     def _blocks_needed(self, seq: _Sequence, num_new_tokens: int) -> int:
         grow = cdiv(len(seq.tokens) + num_new_tokens, self.block_size) - len(seq.table)
         return grow + int(num_new_tokens > 0 and self._needs_copy(seq))
+
+    def _reclaimable(self, seq: _Sequence) -> int:
+        """Expired blocks nobody else holds: the pool gets them back when they are released."""
+        if self.window is None:
+            return 0
+        return sum(self.pool.ref_count(b) == 1 for b in self._expired(seq))
 
     def _expired(self, seq: _Sequence) -> list[int]:
         """Held blocks wholly before the window of the sequence's earliest query still to run."""
