@@ -392,15 +392,17 @@ def build_batch(
     """
     seen: set[int] = set()
     starts, lens, positions = [0], [], []  # type: tuple[list[int], list[int], list[int]]
-    for seq_id, n in scheduled:
+    managers = (manager, *groups)
+    rows = [[m.layout_row(seq_id) for seq_id, _ in scheduled] for m in managers]
+    for i, (seq_id, n) in enumerate(scheduled):
         if seq_id in seen:
             raise InvalidRequestError(f"sequence {seq_id} is scheduled twice in one step")
         seen.add(seq_id)
-        total = manager.num_tokens(seq_id)
+        total = rows[0][i][1]
         n = check_int(f"the number of new tokens of sequence {seq_id}", n, low=1, high=total)
-        for g, m in enumerate((manager, *groups)):
-            pending = m.num_uncommitted(seq_id)
-            if n != pending or m.num_tokens(seq_id) != total:
+        for g, group_rows in enumerate(rows):
+            _, tokens, pending = group_rows[i]
+            if n != pending or tokens != total:
                 raise InvalidRequestError(
                     f"sequence {seq_id}: {n} new tokens scheduled, but {pending} were appended "
                     f"in group {g} since it was last laid out (each token's KV must be written "
@@ -409,8 +411,8 @@ def build_batch(
         starts.append(starts[-1] + n)
         lens.append(total)
         positions.extend(range(total - n, total))
-    layouts = [_group_layout(m, scheduled) for m in (manager, *groups)]
-    copies = [pair for m in (manager, *groups) for pair in m.take_copies()]
+    layouts = [_group_layout(r, scheduled, manager.block_size) for r in rows]
+    copies = [pair for m in managers for pair in m.take_copies()]
     return BatchMetadata(
         block_size=manager.block_size,
         seq_ids=tuple(s for s, _ in scheduled),
@@ -425,13 +427,15 @@ def build_batch(
     )
 
 
-def _group_layout(manager: BlockManager, scheduled: Sequence[tuple[int, int]]) -> GroupLayout:
+def _group_layout(
+    rows: Sequence[tuple[tuple[int, ...], int, int]],
+    scheduled: Sequence[tuple[int, int]],
+    b: int,
+) -> GroupLayout:
     """One group's padded tables and the slots of the scheduled tokens (already checked)."""
-    b = manager.block_size
     tables: list[tuple[int, ...]] = []
     slots: list[int] = []
-    for seq_id, n in scheduled:
-        table, total = manager.block_table(seq_id), manager.num_tokens(seq_id)
+    for (table, total, _), (_, n) in zip(rows, scheduled, strict=True):
         assert len(table) == cdiv(total, b)
         tables.append(table)
         slots.extend(slot_range(table, total - n, total, b))

@@ -218,6 +218,11 @@ class BlockManager:
     def tokens(self, seq_id: int) -> tuple[int, ...]:
         return tuple(self._get("seq_id", seq_id).tokens)
 
+    def layout_row(self, seq_id: int) -> tuple[tuple[int, ...], int, int]:
+        """``(block table, tokens, tokens not yet laid out)``: what a step's layout reads."""
+        seq = self._get("seq_id", seq_id)
+        return tuple(seq.table), len(seq.tokens), len(seq.tokens) - seq.num_committed
+
     def num_uncommitted(self, seq_id: int) -> int:
         """Tokens appended since the sequence was last laid out in a batch (KV not yet written)."""
         seq = self._get("seq_id", seq_id)
@@ -287,8 +292,9 @@ class BlockManager:
         return self._reclaimable(self._get("seq_id", seq_id))
 
     def can_append(self, seq_id: int, num_new_tokens: int) -> bool:
-        needed = self.blocks_needed(seq_id, num_new_tokens)
-        return needed - self.blocks_reclaimed(seq_id) <= self.pool.num_available
+        seq = self._get("seq_id", seq_id)
+        needed = self._blocks_needed(seq, check_int("num_new_tokens", num_new_tokens, low=0))
+        return needed - self._reclaimable(seq) <= self.pool.num_available
 
     def cached_prefix(
         self,

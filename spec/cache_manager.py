@@ -411,6 +411,8 @@ class CacheManager:
         Counts what every group takes (new blocks, copy-on-write copies) less
         what windows give back first.
         """
+        if len(self._managers) == 1:
+            return self._managers[0].can_append(seq_id, num_new)
         return self._growth(seq_id, num_new) <= self._pool.num_available
 
     def grow(self, seq_id: int, tokens: Sequence[int]) -> list[int]:
@@ -418,9 +420,9 @@ class CacheManager:
 
         Returns group 0's slots. Windows release first, then every group appends.
         """
-        toks = check_token_ids("tokens", tokens)
         if len(self._managers) == 1:
-            return self._managers[0].append_slots(seq_id, toks)
+            return self._managers[0].append_slots(seq_id, tokens)
+        toks = check_token_ids("tokens", tokens)
         if not self.can_grow(seq_id, len(toks)):
             self._pool.num_allocation_failures += 1
             raise OutOfBlocksError(
