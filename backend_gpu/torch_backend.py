@@ -38,6 +38,7 @@ class TorchBackend(TorchCacheBackend):
             dtypes=frozenset(DTYPES),
             kv_dtypes=frozenset(KV_DTYPES),
             variants=frozenset(VARIANTS),
+            kv_groups=True,
         )
 
     def write_kv(
@@ -91,33 +92,49 @@ class TorchBackend(TorchCacheBackend):
         out = torch.empty(
             batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device
         )
+        tables = batch.tables(cache.geometry.group_of(layer))  # the layer's KV cache group
         for i in range(batch.num_seqs):
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            k, v = self._gather(k_cache, v_cache, batch.block_tables[i], batch.seq_lens[i])
+            first = variant.first_visible(batch.seq_lens[i] - (end - start))  # released: unread
+            k, v = self._gather(k_cache, v_cache, tables[i], batch.seq_lens[i], first)
             k, v = k.float() * k_scale, v.float() * v_scale  # dequantized (exact scales of 1.0)
             attended = _attend(q[start:end], k, v, batch.seq_lens[i], scale, variant)
             out[start:end] = attended.to(cache.dtype)
         return to_numpy(out)
 
     def _gather(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, table: Sequence[int], seq_len: int
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        table: Sequence[int],
+        seq_len: int,
+        first: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's K and V ``[seq_len, H_kv, D]`` in position order, via its table."""
+        """One sequence's K and V ``[seq_len, H_kv, D]`` in position order, via its table.
+
+        Positions before ``first`` (before a window's first visible key, whose
+        blocks may be released) are not read: they come back as zeros.
+        """
         block_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
         used = -(-seq_len // block_size)
         if used > len(table):
             raise InvalidRequestError(
                 f"{seq_len} tokens need {used} blocks, the table has {len(table)}"
             )
-        blocks = torch.tensor(table[:used], dtype=torch.int64, device=self.device)
+        skip = first // block_size
+        blocks = torch.tensor(table[skip:used], dtype=torch.int64, device=self.device)
         if bool(((blocks < 0) | (blocks >= num_blocks)).any()):
             raise InvalidRequestError(
-                f"block table {table[:used]} has ids outside 0..{num_blocks - 1}"
+                f"block table {table[skip:used]} has ids outside 0..{num_blocks - 1}"
             )
-        pos = torch.arange(seq_len, device=self.device)
-        slots = blocks[pos // block_size] * block_size + pos % block_size
+        pos = torch.arange(skip * block_size, seq_len, device=self.device)
+        slots = blocks[pos // block_size - skip] * block_size + pos % block_size
         width = k_cache.shape[2:]
-        return k_cache.view(-1, *width)[slots], v_cache.view(-1, *width)[slots]
+        k = torch.zeros(seq_len, *width, dtype=k_cache.dtype, device=self.device)
+        v = torch.zeros_like(k)
+        k[skip * block_size :] = k_cache.view(-1, *width)[slots]
+        v[skip * block_size :] = v_cache.view(-1, *width)[slots]
+        return k, v
 
 
 def _attend(

@@ -35,7 +35,7 @@ class TritonBackend(TorchCacheBackend):
     def __init__(self, device: str | torch.device | None = None, num_splits: int | None = None):
         super().__init__(device)
         self.num_splits = num_splits
-        self._metadata: tuple[BatchMetadata, tuple[torch.Tensor, ...]] | None = None
+        self._metadata: tuple[BatchMetadata, dict[int, tuple[torch.Tensor, ...]]] | None = None
         self._per_head: dict[tuple[float, ...], torch.Tensor] = {}
 
     @property
@@ -49,6 +49,7 @@ class TritonBackend(TorchCacheBackend):
             max_gqa_ratio=None,
             kv_dtypes=frozenset(KV_DTYPES),
             variants=frozenset(VARIANTS),
+            kv_groups=True,
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
@@ -82,7 +83,7 @@ class TritonBackend(TorchCacheBackend):
         variant: AttentionVariant | None = None,
     ) -> FloatArray:
         q, k_cache, v_cache = self._query_inputs(layer, query, batch)
-        qsl, lens, tables = self._device_metadata(batch)
+        qsl, lens, tables = self._device_metadata(batch, self._mem().geometry.group_of(layer))
         k_scale, v_scale = self._mem().scales(layer)
         if variant is not None:
             variant.check_heads(q.shape[1])
@@ -115,21 +116,24 @@ class TritonBackend(TorchCacheBackend):
             self._per_head[values] = torch.tensor(values, dtype=torch.float32, device=self.device)
         return self._per_head[values]
 
-    def _device_metadata(self, batch: BatchMetadata) -> tuple[torch.Tensor, ...]:
-        """The batch's metadata as device tensors, built once per step, not once per layer."""
+    def _device_metadata(self, batch: BatchMetadata, group: int) -> tuple[torch.Tensor, ...]:
+        """The batch's metadata as device tensors, built once per step (and KV cache group,
+        whose tables a layer of that group reads), not once per layer."""
         if self._metadata is None or self._metadata[0] is not batch:
+            self._metadata = (batch, {})
+        built = self._metadata[1]
+        if group not in built:
             dev = self.device
-            tensors = (
+            built[group] = (
                 torch.tensor(batch.query_start_loc, dtype=torch.int32, device=dev),
                 torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
-                _tables(batch, dev),
+                _tables(batch, dev, group),
             )
-            self._metadata = (batch, tensors)
-        return self._metadata[1]
+        return built[group]
 
 
-def _tables(batch: BatchMetadata, device: torch.device) -> torch.Tensor:
+def _tables(batch: BatchMetadata, device: torch.device, group: int = 0) -> torch.Tensor:
     """``[S, W]`` int32 block tables (``W >= 1`` so that an all-empty batch still has a row)."""
-    width = max(1, max((len(t) for t in batch.block_tables), default=0))
-    rows = [list(t) + [-1] * (width - len(t)) for t in batch.block_tables]
+    width = max(1, max((len(t) for t in batch.tables(group)), default=0))
+    rows = [list(t) + [-1] * (width - len(t)) for t in batch.tables(group)]
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(batch.num_seqs, width)

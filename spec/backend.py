@@ -24,6 +24,19 @@ K and for V, or converts to it in :meth:`Backend.read_cache`.
 >>> float(backend.read_cache(0)[0][0, 1, 0, 0])     # slot 3 is block 1, offset 1
 5.0
 
+**KV cache groups and fixed-size state.** A model whose layers sit in several
+KV cache groups (:attr:`KVGeometry.layer_groups`, :mod:`spec.kv_groups`)
+gives each layer its own group's view of the step: layer ``l`` of group
+``g = geometry.group_of(l)`` is written through ``batch.slots(g)`` and reads
+``batch.tables(g)``; a backend that supports this declares
+:attr:`Capabilities.kv_groups`, and its kernels need no change. Every group's
+block ids come from one pool, a block id being one group's at a time, so
+:meth:`Backend.copy_blocks` copies on every layer and stays right. A
+fixed-size state (linear attention, DeltaNet, Mamba) needs no paged kernel:
+it lives with the engine, outside this contract; ``batch.state`` names each
+row's state slot and the fork copies to make first, and a swap's ``state``
+field its moves.
+
 What a backend can run is declared, not discovered: its :class:`Capabilities`.
 The conformance suite draws only what is declared and lists the rest as
 skipped. Everything new in a contract revision is off by default, so a backend

@@ -28,6 +28,11 @@ what a tensor backend should use, and what :meth:`BatchMetadata.arrays` gives):
   mapping of groups ``1, 2, ...``; group 0's are the fields above. A
   sliding-window group may release the blocks wholly before every query's
   window: their entries, always a prefix of the row, are :data:`PAD_BLOCK`.
+* ``state`` (optional): for a model with fixed-size state layers (linear
+  attention, DeltaNet, Mamba), each row's state slot and the fork copies of
+  state ``(src, dst)`` to execute before the step (:class:`StateLayout`). A
+  row whose first position is 0 starts from an empty state. The state lives
+  with the engine, outside the backend contract (:mod:`spec.backend`).
 
 Query token ``j`` of sequence ``i``, at position ``p = seq_len - query_len + j``,
 attends to that sequence's keys at positions ``0 .. p``.
@@ -57,12 +62,10 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from spec.block_manager import BlockManager, cdiv
+from spec.block_manager import PAD_BLOCK as PAD_BLOCK
+from spec.block_manager import BlockManager, cdiv, slot_range
 from spec.errors import InvalidBatchError, InvalidRequestError, UnknownBlockError
 from spec.validate import check_int
-
-PAD_BLOCK = -1
-"""Block-table padding. A kernel that dereferences it reads outside the pool."""
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -70,7 +73,7 @@ B = TypeVar("B")
 
 def slot_of(table: Sequence[int], position: int, block_size: int) -> int:
     """The paging formula: position ``p`` lives in slot ``table[p // B] * B + p % B``."""
-    return table[position // block_size] * block_size + position % block_size
+    return slot_range(table, position, position + 1, block_size)[0]
 
 
 def check_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> tuple[tuple[int, int], ...]:
@@ -113,6 +116,14 @@ class GroupLayout:
 
     block_tables: tuple[tuple[int, ...], ...]
     slot_mapping: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """Each row's fixed-size state slot, and the state copies ``(src, dst)`` forks need first."""
+
+    slots: tuple[int, ...]
+    copies: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,7 +177,10 @@ class BatchMetadata:
     positions: tuple[int, ...]
     copies: tuple[tuple[int, int], ...] = ()
     extra_groups: tuple[GroupLayout, ...] = ()
-    _checked: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+    state: StateLayout | None = None
+    _checked: set[tuple[int, int | None]] = field(
+        default_factory=set, init=False, repr=False, compare=False
+    )
 
     @property
     def num_seqs(self) -> int:
@@ -208,7 +222,7 @@ class BatchMetadata:
         """Table entries of sequence ``i`` that hold its context: ``ceil(seq_len / B)``."""
         return cdiv(self.seq_lens[i], self.block_size)
 
-    def validate(self, num_blocks: int) -> None:
+    def validate(self, num_blocks: int, *, num_state_slots: int | None = None) -> None:
         """The one check of batch metadata that every backend, the reference included, relies on.
 
         Shapes agree; ``query_start_loc`` starts at 0 and strictly increases;
@@ -216,21 +230,26 @@ class BatchMetadata:
         ``query_len``; every table row is as wide as the widest and holds its
         ``ceil(seq_len / B)`` used entries in ``0 .. num_blocks - 1`` (a
         released prefix aside), padding after; the slot mapping is what the
-        paging formula gives; the copy list is valid. Raises
+        paging formula gives; the copy list is valid; a ``state`` names one
+        distinct slot per row (in ``0 .. num_state_slots - 1`` when that is
+        given) and a valid list of state copies. Raises
         :class:`~spec.errors.InvalidBatchError` naming the first problem.
         The result is remembered per ``num_blocks``: validating again is free,
         so a backend may call it every layer. A backend on a hot path that
         trusts its scheduler may skip it.
         """
         n = check_int("num_blocks", num_blocks, low=1)
-        if n in self._checked:
+        ns = None if num_state_slots is None else check_int("num_state_slots", num_state_slots)
+        if (n, ns) in self._checked:
             return
         self._check_rows()
         self._check_tokens()
         for g in range(self.num_groups):
             self._check_group(g, n)
         check_copies(self.copies, n)
-        self._checked.add(n)
+        if self.state is not None:
+            self._check_state(self.state, ns)
+        self._checked.add((n, ns))
 
     @cached_property
     def _arrays(self) -> BatchArrays[NDArray[Any]]:
@@ -260,6 +279,21 @@ class BatchMetadata:
         if not 0 < group < self.num_groups:
             raise InvalidRequestError(f"group {group} is outside 0..{self.num_groups - 1}")
         return self.extra_groups[group - 1]
+
+    def _check_state(self, state: object, num_slots: int | None) -> None:
+        if not isinstance(state, StateLayout):
+            raise InvalidBatchError(f"state must be a StateLayout, got {type(state).__name__}")
+        slots = state.slots
+        if len(slots) != self.num_seqs or len(set(slots)) != len(slots):
+            raise InvalidBatchError(
+                f"state.slots must name one distinct slot per row ({self.num_seqs}), got {slots}"
+            )
+        for i, x in enumerate(slots):
+            high = None if num_slots is None else num_slots - 1
+            check_int(f"state.slots[{i}]", x, low=0, high=high)
+        ids = [x for pair in state.copies for x in pair if isinstance(x, int)]
+        bound = num_slots if num_slots is not None else 1 + max([*slots, *ids], default=0)
+        check_copies(state.copies, max(bound, 1))
 
     def _check_rows(self) -> None:
         s = self.num_seqs
@@ -335,7 +369,13 @@ def _table_array(tables: Sequence[Sequence[int]], num_seqs: int) -> NDArray[np.i
     return np.asarray(rows, dtype=np.int32).reshape(num_seqs, width)
 
 
-def build_batch(manager: BlockManager, scheduled: Sequence[tuple[int, int]]) -> BatchMetadata:
+def build_batch(
+    manager: BlockManager,
+    scheduled: Sequence[tuple[int, int]],
+    *,
+    groups: Sequence[BlockManager] = (),
+    state: StateLayout | None = None,
+) -> BatchMetadata:
     """Lay out one step: ``scheduled`` lists ``(seq_id, num_new_tokens)``.
 
     The new tokens must already have slots (:meth:`BlockManager.append_slots`):
@@ -343,38 +383,61 @@ def build_batch(manager: BlockManager, scheduled: Sequence[tuple[int, int]]) -> 
     *all* the tokens appended since the sequence was last laid out, so that
     every token gets its KV written exactly once. Takes the manager's pending
     copy-on-write copies into the batch.
+
+    ``groups`` are the managers of KV cache groups ``1, 2, ...`` (``manager``
+    is group 0's), over the same pool and holding the same tokens; their
+    tables and slots go to ``extra_groups`` and their copies join the one
+    copy list (a block id names one group's block at a time, so one list,
+    executed on every layer, serves every group). ``state`` is attached as is.
     """
     seen: set[int] = set()
-    starts, lens, tables, slots, positions = [0], [], [], [], []
-    b = manager.block_size
-    for seq_id, n in scheduled:
+    starts, lens, positions = [0], [], []  # type: tuple[list[int], list[int], list[int]]
+    managers = (manager, *groups)
+    rows = [[m.layout_row(seq_id) for seq_id, _ in scheduled] for m in managers]
+    for i, (seq_id, n) in enumerate(scheduled):
         if seq_id in seen:
             raise InvalidRequestError(f"sequence {seq_id} is scheduled twice in one step")
         seen.add(seq_id)
-        total = manager.num_tokens(seq_id)
+        total = rows[0][i][1]
         n = check_int(f"the number of new tokens of sequence {seq_id}", n, low=1, high=total)
-        pending = manager.num_uncommitted(seq_id)
-        if n != pending:
-            raise InvalidRequestError(
-                f"sequence {seq_id}: {n} new tokens scheduled, but {pending} were appended "
-                "since it was last laid out (each token's KV must be written exactly once)"
-            )
-        table = manager.block_table(seq_id)
-        assert len(table) == cdiv(total, b)
+        for g, group_rows in enumerate(rows):
+            _, tokens, pending = group_rows[i]
+            if n != pending or tokens != total:
+                raise InvalidRequestError(
+                    f"sequence {seq_id}: {n} new tokens scheduled, but {pending} were appended "
+                    f"in group {g} since it was last laid out (each token's KV must be written "
+                    "exactly once)"
+                )
         starts.append(starts[-1] + n)
         lens.append(total)
-        tables.append(table)
-        for p in range(total - n, total):
-            positions.append(p)
-            slots.append(slot_of(table, p, b))
-    width = max((len(t) for t in tables), default=0)
+        positions.extend(range(total - n, total))
+    layouts = [_group_layout(r, scheduled, manager.block_size) for r in rows]
+    copies = [pair for m in managers for pair in m.take_copies()]
     return BatchMetadata(
-        block_size=b,
+        block_size=manager.block_size,
         seq_ids=tuple(s for s, _ in scheduled),
         query_start_loc=tuple(starts),
         seq_lens=tuple(lens),
-        block_tables=tuple(t + (PAD_BLOCK,) * (width - len(t)) for t in tables),
-        slot_mapping=tuple(slots),
+        block_tables=layouts[0].block_tables,
+        slot_mapping=layouts[0].slot_mapping,
         positions=tuple(positions),
-        copies=tuple(manager.take_copies()),
+        copies=tuple(copies),
+        extra_groups=tuple(layouts[1:]),
+        state=state,
     )
+
+
+def _group_layout(
+    rows: Sequence[tuple[tuple[int, ...], int, int]],
+    scheduled: Sequence[tuple[int, int]],
+    b: int,
+) -> GroupLayout:
+    """One group's padded tables and the slots of the scheduled tokens (already checked)."""
+    tables: list[tuple[int, ...]] = []
+    slots: list[int] = []
+    for (table, total, _), (_, n) in zip(rows, scheduled, strict=True):
+        assert len(table) == cdiv(total, b)
+        tables.append(table)
+        slots.extend(slot_range(table, total - n, total, b))
+    width = max((len(t) for t in tables), default=0)
+    return GroupLayout(tuple(t + (PAD_BLOCK,) * (width - len(t)) for t in tables), tuple(slots))

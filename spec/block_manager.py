@@ -36,6 +36,28 @@ The first write into the shared, partly filled block copies it first:
 >>> m.block_table(1), m.take_copies()
 ((0, 2), [(1, 2)])
 
+**Sliding window.** A manager made with ``window=w`` serves layers whose
+queries see only the last ``w`` positions (``p - w < k <= p``). A block
+whose every slot is older than the window of the sequence's earliest query
+still to run is *released* as the sequence advances: its table entry becomes
+:data:`PAD_BLOCK` (positions keep indexing the same way) and the block loses
+this holder. The earliest query still to run is the first token not yet laid
+out in a step (``num_committed``), so a step's queries never lose a key; the
+release happens when the sequence next grows (:meth:`BlockManager.append_slots`),
+after the step that computed those tokens has run. A decoding sequence then
+holds at most ``ceil(w / B) + 1`` blocks, and a step that appends ``q``
+tokens at most ``cdiv(w + q - 2, B) + 1``: a chunk's own keys must all be
+written before its later queries read them.
+
+>>> w = BlockManager(num_blocks=8, block_size=4, window=4)
+>>> w.add_sequence(0, []), len(w.append_slots(0, list(range(10))))
+(0, 10)
+>>> w.take_copies(); w.append_slots(0, [10])        # the query at 10 sees 7..10: block 0 goes
+[]
+[10]
+>>> w.block_table(0), w.pool.num_held
+((-1, 1, 2), 2)
+
 A sequence id is an ``int`` (a Python int or a numpy integer, never a bool) that
 is ``>= 0``: the same rule as a block id, so that ``True`` never names sequence 1
 and ``-1`` stays free to mean padding in a batch. Token ids are ints ``>= 0``.
@@ -45,7 +67,7 @@ changes anything.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from spec.block_pool import BlockHash, BlockPool
@@ -57,20 +79,52 @@ from spec.errors import (
     UnknownSequenceError,
 )
 from spec.kv_budget import cdiv as cdiv  # re-exported: blocks for t tokens, ceil(t / B)
-from spec.prefix_cache import block_hash, prompt_block_hashes
-from spec.validate import check_bool, check_int, check_keys, check_token_ids, is_int
+from spec.prefix_cache import prompt_block_hashes
+from spec.validate import (
+    check_bool,
+    check_instance,
+    check_int,
+    check_keys,
+    check_positive,
+    check_token_ids,
+    is_int,
+)
 
 PAD_SLOT = -1
 """A slot-mapping entry that names no slot: a KV write skips it."""
+
+PAD_BLOCK = -1
+"""A block-table entry that names no block: table padding, or a block a window released."""
+
+
+def slot_range(table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    """The slots of positions ``start .. end - 1``: ``table[p // B] * B + p % B`` for each.
+
+    The paging formula, computed one block's run of positions at a time (a
+    long prefill has many positions and few blocks).
+
+    >>> slot_range([7, 2], 2, 6, block_size=4)      # positions 2, 3 in block 7; 4, 5 in block 2
+    [30, 31, 8, 9]
+    """
+    out: list[int] = []
+    p = start
+    while p < end:
+        i, offset = divmod(p, block_size)
+        n = min(end - p, block_size - offset)
+        base = table[i] * block_size + offset
+        out.extend(range(base, base + n))
+        p += n
+    return out
 
 
 @dataclass
 class _Sequence:
     table: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # every token that has a slot
-    hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
+    hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks (caching)
     extra_keys: tuple[Hashable, ...] = ()
     num_committed: int = 0  # tokens laid out in a step already: their KV is (being) written
+    released: int = 0  # leading table entries a sliding window gave back (PAD_BLOCK)
 
 
 @dataclass
@@ -98,14 +152,44 @@ class BlockManager:
     destination (which copy fills this block) and by source (how many copies
     still read this block, its *pins*). An append and a free cost O(1) and
     O(blocks of the sequence) however many copies the step has made.
+
+    Several managers may share one ``pool`` (the KV cache groups of one
+    model, :mod:`spec.cache_manager`): a block is then held by one group at a
+    time, and ``group_key`` keeps each group's prefix-cache names apart, since
+    equal tokens give different KV in different layers.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = False,
+        window: int | None = None,
+        pool: BlockPool | None = None,
+        group_key: Hashable | None = None,
+    ):
         caching = check_bool("enable_prefix_caching", enable_prefix_caching)
-        self.pool = BlockPool(num_blocks, block_size)
+        self.window = None if window is None else check_positive("window", window)
+        if pool is None:
+            self.pool = BlockPool(num_blocks, block_size)
+        else:
+            self.pool = check_instance("pool", pool, BlockPool)
+            shape = (
+                check_positive("num_blocks", num_blocks),
+                check_positive("block_size", block_size),
+            )
+            if shape != (pool.num_blocks, pool.block_size):
+                raise ArgumentValueError(
+                    f"pool has {pool.num_blocks} blocks of {pool.block_size}, but num_blocks, "
+                    f"block_size are {shape}"
+                )
         self.block_size = self.pool.block_size
         self.enable_prefix_caching = caching
         self.prefix_stats = PrefixCacheStats()
+        self._group_keys: tuple[Hashable, ...] = (
+            () if group_key is None else check_keys("group_key", [("kv cache group", group_key)])
+        )
         self._seqs: dict[int, _Sequence] = {}
         self._copies: dict[int, int] = {}  # dst -> src, in the order the copies were made
         self._pins: dict[int, int] = {}  # src -> how many pending copies read it
@@ -120,13 +204,24 @@ class BlockManager:
         return is_int(seq_id) and int(seq_id) in self._seqs  # type: ignore[call-overload]
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """The sequence's table: one entry per ``B`` tokens, :data:`PAD_BLOCK` where released."""
         return tuple(self._get("seq_id", seq_id).table)
+
+    def held_blocks(self, seq_id: int) -> tuple[int, ...]:
+        """The blocks the sequence holds: its table without the released entries."""
+        seq = self._get("seq_id", seq_id)
+        return tuple(seq.table[seq.released :])
 
     def num_tokens(self, seq_id: int) -> int:
         return len(self._get("seq_id", seq_id).tokens)
 
     def tokens(self, seq_id: int) -> tuple[int, ...]:
         return tuple(self._get("seq_id", seq_id).tokens)
+
+    def layout_row(self, seq_id: int) -> tuple[tuple[int, ...], int, int]:
+        """``(block table, tokens, tokens not yet laid out)``: what a step's layout reads."""
+        seq = self._get("seq_id", seq_id)
+        return tuple(seq.table), len(seq.tokens), len(seq.tokens) - seq.num_committed
 
     def num_uncommitted(self, seq_id: int) -> int:
         """Tokens appended since the sequence was last laid out in a batch (KV not yet written)."""
@@ -142,27 +237,105 @@ class BlockManager:
                 f"position must be in 0..{len(seq.tokens) - 1} (the tokens of sequence "
                 f"{seq_id}), got {p}"
             )
-        b = self.block_size
-        return seq.table[p // b] * b + p % b
+        if p // self.block_size < seq.released:
+            raise ArgumentValueError(
+                f"position {p} of sequence {seq_id} is in a block its window released"
+            )
+        return slot_range(seq.table, p, p + 1, self.block_size)[0]
 
     def tail_waste(self, seq_id: int) -> int:
         """Slots allocated to the sequence that hold no token: at most ``B - 1``."""
         seq = self._get("seq_id", seq_id)
         return len(seq.table) * self.block_size - len(seq.tokens)
 
+    def held_from(self, num_computed: int) -> int:
+        """The first table entry a sequence with ``num_computed`` tokens computed still needs.
+
+        0 without a window. With a window of ``w``, the block of position
+        ``num_computed - w + 1``: the first key the next query (at position
+        ``num_computed``) sees; every entry before it can be released.
+
+        >>> BlockManager(4, 4, window=6).held_from(12)   # the query at 12 sees 7..12
+        1
+        """
+        c = check_int("num_computed", num_computed, low=0)
+        if self.window is None:
+            return 0
+        return max(0, c - self.window + 1) // self.block_size
+
+    def max_blocks(self, num_tokens: int, max_chunk: int | None = None) -> int:
+        """The most blocks one sequence of up to ``num_tokens`` tokens holds at once.
+
+        ``ceil(t / B)`` without a window. With a window of ``w``, when no step
+        appends more than ``max_chunk`` tokens to it, at most
+        ``cdiv(w + q - 2, B) + 1`` for a step of ``q`` tokens: the positions
+        from the window of its first query to its last token.
+
+        >>> m = BlockManager(4, 16, window=1024)
+        >>> m.max_blocks(32_768, max_chunk=1), m.max_blocks(32_768, max_chunk=512)
+        (65, 97)
+        """
+        t = check_int("num_tokens", num_tokens, low=0)
+        full = cdiv(t, self.block_size)
+        if self.window is None or t == 0:
+            return full
+        q = t if max_chunk is None else min(t, check_positive("max_chunk", max_chunk))
+        return min(full, cdiv(self.window + q - 2, self.block_size) + 1)
+
     def blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
         """Fresh blocks that appending ``num_new_tokens`` would take from the pool."""
         seq = self._get("seq_id", seq_id)
         return self._blocks_needed(seq, check_int("num_new_tokens", num_new_tokens, low=0))
 
-    def can_append(self, seq_id: int, num_new_tokens: int) -> bool:
-        return self.blocks_needed(seq_id, num_new_tokens) <= self.pool.num_available
+    def blocks_reclaimed(self, seq_id: int) -> int:
+        """Blocks the next append gives back to the pool: out of the window, no other holder."""
+        return self._reclaimable(self._get("seq_id", seq_id))
 
-    def cached_prefix(self, prompt: Sequence[int], extra_keys: Sequence[Hashable] = ()) -> int:
-        """How many prompt tokens :meth:`add_sequence` would take from the cache (a pure query)."""
+    def can_append(self, seq_id: int, num_new_tokens: int) -> bool:
+        seq = self._get("seq_id", seq_id)
+        needed = self._blocks_needed(seq, check_int("num_new_tokens", num_new_tokens, low=0))
+        return needed - self._reclaimable(seq) <= self.pool.num_available
+
+    def cached_prefix(
+        self,
+        prompt: Sequence[int],
+        extra_keys: Sequence[Hashable] = (),
+        *,
+        limit: int | None = None,
+    ) -> int:
+        """How many prompt tokens :meth:`add_sequence` would take from the cache (a pure query).
+
+        With ``limit``, the most it would take when told ``max_cached=limit``.
+        """
         tokens = check_token_ids("prompt", prompt)
-        hits = self._cache_hits(tokens, check_keys("extra_keys", extra_keys))
+        hits = self._cache_hits(tokens, self._keys(extra_keys), self._limit(limit))
         return len(hits) * self.block_size
+
+    def blocks_to_admit(
+        self,
+        prompt: Sequence[int],
+        num_new: int,
+        *,
+        extra_keys: Sequence[Hashable] = (),
+        max_cached: int | None = None,
+    ) -> int:
+        """Available blocks :meth:`add_sequence` then ``num_new`` appended tokens would consume.
+
+        A prefix hit on a block nobody holds (cached, evictable) takes it out
+        of the available count just like an allocation, so it counts.
+        """
+        tokens = check_token_ids("prompt", prompt)
+        hits = self._cache_hits(tokens, self._keys(extra_keys), self._limit(max_cached))
+        evictable = sum(b != PAD_BLOCK and self.pool.ref_count(b) == 0 for _, b in hits)
+        cached = len(hits) * self.block_size
+        n = check_int("num_new", num_new, low=0, high=len(tokens) - cached)
+        return evictable + cdiv(cached + n, self.block_size) - len(hits)
+
+    def blocks_to_restore(self, num_tokens: int, num_new: int) -> int:
+        """Blocks :meth:`restore` of ``num_tokens`` tokens then ``num_new`` more would take."""
+        t = check_int("num_tokens", num_tokens, low=0)
+        n = check_int("num_new", num_new, low=0)
+        return cdiv(t + n, self.block_size) - self.held_from(t)
 
     def pending_copies(self) -> tuple[tuple[int, int], ...]:
         """The copies ``(src, dst)`` recorded and not yet taken, oldest first (a pure query)."""
@@ -171,7 +344,12 @@ class BlockManager:
     # -- lifecycle ------------------------------------------------------------
 
     def add_sequence(
-        self, seq_id: int, prompt: Sequence[int], *, extra_keys: Sequence[Hashable] = ()
+        self,
+        seq_id: int,
+        prompt: Sequence[int],
+        *,
+        extra_keys: Sequence[Hashable] = (),
+        max_cached: int | None = None,
     ) -> int:
         """Start a sequence; return how many of its prompt tokens the prefix cache supplies.
 
@@ -179,13 +357,22 @@ class BlockManager:
         resident are shared (reference count up) instead of recomputed. At
         least one prompt token is always left to compute, because its output
         (the next token's logits) is needed. The caller then appends slots for
-        the remaining prompt tokens, ``prompt[returned:]``.
+        the remaining prompt tokens, ``prompt[returned:]``. ``max_cached``
+        caps the tokens taken from the cache (the KV cache groups of one model
+        must agree on one prefix).
+
+        With a window, a hit needs only the blocks that the first computed
+        query sees: the entries before them are released from the start, so
+        a hit does not need them to be resident.
         """
         sid = self._new_id("seq_id", seq_id)
         tokens = check_token_ids("prompt", prompt)
-        seq = _Sequence(extra_keys=check_keys("extra_keys", extra_keys))
-        for h, block in self._cache_hits(tokens, seq.extra_keys):
-            self.pool.incref(block)
+        seq = _Sequence(extra_keys=self._keys(extra_keys))
+        hits = self._cache_hits(tokens, seq.extra_keys, self._limit(max_cached))
+        seq.released = self.held_from(len(hits) * self.block_size)
+        for h, block in hits:
+            if block != PAD_BLOCK:
+                self.pool.incref(block)
             seq.table.append(block)
             seq.hashes.append(h)
         seq.tokens = list(tokens[: len(seq.table) * self.block_size])
@@ -199,20 +386,24 @@ class BlockManager:
     def append_slots(self, seq_id: int, token_ids: Sequence[int]) -> list[int]:
         """Give slots to the next tokens of a sequence and return them, in order.
 
-        Copies the last block first if it is shared (copy-on-write), then grows
-        the table one block at a time. Raises :class:`OutOfBlocksError` and
-        changes nothing (but count the failure) if the pool cannot supply
-        every block needed.
+        Releases what the window no longer needs first, then copies the last
+        block if it is shared (copy-on-write), then grows the table one block
+        at a time. Raises :class:`OutOfBlocksError` and changes nothing (but
+        count the failure) if the pool cannot supply every block needed.
         """
         seq = self._get("seq_id", seq_id)
         tokens = check_token_ids("token_ids", token_ids)
         needed = self._blocks_needed(seq, len(tokens))
-        if needed > self.pool.num_available:
+        reclaimed = self._reclaimable(seq)
+        if needed - reclaimed > self.pool.num_available:
             self.pool.num_allocation_failures += 1
+            released = f" ({reclaimed} released by its window)" if reclaimed else ""
             raise OutOfBlocksError(
                 f"sequence {seq_id} needs {needed} blocks for {len(tokens)} tokens, "
-                f"{self.pool.num_available} available"
+                f"{self.pool.num_available} available{released}"
             )
+        if self.window is not None:
+            self._release(seq)
         if tokens and self._needs_copy(seq):
             self._copy_on_write(seq)
         start = len(seq.tokens)
@@ -221,7 +412,44 @@ class BlockManager:
         seq.tokens.extend(tokens)
         self._name_full_blocks(seq)
         b = self.block_size
-        return [seq.table[p // b] * b + p % b for p in range(start, len(seq.tokens))]
+        return slot_range(seq.table, start, len(seq.tokens), b)
+
+    def release_expired(self, seq_id: int) -> int:
+        """Release now what the window no longer needs (the next append would); return how many.
+
+        Always possible: it only gives blocks back. Several KV cache groups
+        over one pool release first, then allocate, so that a block one
+        group gives back can serve another in the same step.
+        """
+        return self._release(self._get("seq_id", seq_id))
+
+    def restore(
+        self, seq_id: int, tokens: Sequence[int], *, extra_keys: Sequence[Hashable] = ()
+    ) -> list[int]:
+        """Start ``seq_id`` holding ``tokens`` whose KV is written back from elsewhere (a swap-in).
+
+        Fresh blocks for the entries the sequence still needs (with a window,
+        only the window's), every token counted as laid out, since the
+        swap-in, not the batch, writes their KV. Returns the slots of the
+        positions held, ``held_from(len(tokens)) * B`` onwards, in order.
+        """
+        sid = self._new_id("seq_id", seq_id)
+        toks = check_token_ids("tokens", tokens)
+        seq = _Sequence(tokens=list(toks), extra_keys=self._keys(extra_keys))
+        seq.released = self.held_from(len(toks))
+        need = cdiv(len(toks), self.block_size) - seq.released
+        if need > self.pool.num_available:
+            self.pool.num_allocation_failures += 1
+            raise OutOfBlocksError(
+                f"sequence {sid} needs {need} blocks to restore {len(toks)} tokens, "
+                f"{self.pool.num_available} available"
+            )
+        seq.table = [PAD_BLOCK] * seq.released + [self.pool.allocate() for _ in range(need)]
+        self._name_full_blocks(seq)
+        seq.num_committed = len(toks)
+        self._seqs[sid] = seq
+        b = self.block_size
+        return slot_range(seq.table, seq.released * b, len(toks), b)
 
     def mark_written(self, seq_id: int) -> None:
         """Count every token of ``seq_id`` as laid out: a swap-in restores their KV this step.
@@ -237,6 +465,8 @@ class BlockManager:
 
         Nothing is copied now; each shared block gains a holder. A later write
         into a shared block copies that one block (see :meth:`append_slots`).
+        Released entries stay released in the child: it shares only what the
+        parent holds.
 
         A fork happens between steps: every token of the parent must already be
         laid out in a batch (:meth:`take_copies`), because a copy runs before
@@ -251,7 +481,7 @@ class BlockManager:
                 f"sequence {parent_id}, which has {pending} tokens appended in the current "
                 "step: fork after the step's batch is built"
             )
-        for block in parent.table:
+        for block in parent.table[parent.released :]:
             self.pool.incref(block)
         self._seqs[cid] = _Sequence(
             list(parent.table),
@@ -259,6 +489,7 @@ class BlockManager:
             list(parent.hashes),
             parent.extra_keys,
             parent.num_committed,
+            parent.released,
         )
 
     def free(self, seq_id: int) -> None:
@@ -276,13 +507,14 @@ class BlockManager:
         """
         seq = self._get("seq_id", seq_id)
         b = self.block_size
-        for i, block in enumerate(seq.table):
+        for i in range(seq.released, len(seq.table)):
+            block = seq.table[i]
             if self.pool.ref_count(block) - self._pins.get(block, 0) == 1:
                 if block in self._copies:
                     self._drop_copy(block)
                 if (i + 1) * b > seq.num_committed:
                     self.pool.unregister(block)
-        for block in reversed(seq.table):
+        for block in reversed(seq.table[seq.released :]):
             self.pool.decref(block)
         del self._seqs[int(seq_id)]
 
@@ -308,34 +540,63 @@ class BlockManager:
 
     # -- invariants ------------------------------------------------------------
 
-    def check_integrity(self) -> None:
-        """Assert every invariant of the tables and the pool (tests call this every step)."""
-        holders: dict[int, int] = {}
+    def check_integrity(self, others: Iterable[BlockManager] = ()) -> None:
+        """Assert every invariant of the tables and the pool (tests call this every step).
+
+        ``others`` are the managers that share this one's pool: their holders
+        count too (call it on one of them, or on each: the same checks).
+        """
         b = self.block_size
         for seq_id, seq in self._seqs.items():
             assert len(seq.table) == cdiv(len(seq.tokens), b), (
                 f"sequence {seq_id}: {len(seq.tokens)} tokens in {len(seq.table)} blocks"
             )
-            assert len(set(seq.table)) == len(seq.table), f"sequence {seq_id}: aliased table"
-            assert len(seq.hashes) == len(seq.tokens) // b, (
-                f"sequence {seq_id}: {len(seq.hashes)} hashes, {len(seq.tokens) // b} full blocks"
+            held = seq.table[seq.released :]
+            assert all(x == PAD_BLOCK for x in seq.table[: seq.released]), (
+                f"sequence {seq_id}: a released entry names a block"
+            )
+            assert seq.released <= self.held_from(seq.num_committed), (
+                f"sequence {seq_id}: {seq.released} entries released, but a query still needs "
+                f"entry {self.held_from(seq.num_committed)} on"
+            )
+            assert PAD_BLOCK not in held and len(set(held)) == len(held), (
+                f"sequence {seq_id}: aliased table"
+            )
+            named = len(seq.tokens) // b if self.enable_prefix_caching else 0
+            assert len(seq.hashes) == named, (
+                f"sequence {seq_id}: {len(seq.hashes)} hashes, {named} full blocks"
             )
             assert 0 <= seq.num_committed <= len(seq.tokens), (
                 f"sequence {seq_id}: {seq.num_committed} of {len(seq.tokens)} tokens committed"
             )
-            for block in seq.table:
-                holders[block] = holders.get(block, 0) + 1
         pins: dict[int, int] = {}
+        in_tables = self._table_holders()
         for dst, src in self._copies.items():
             pins[src] = pins.get(src, 0) + 1
             assert dst not in self._copies.values(), f"block {dst} is src and dst"
-            assert holders.get(dst, 0) > 0, f"pending copy into block {dst}, which nobody holds"
+            assert in_tables.get(dst, 0) > 0, f"pending copy into block {dst}, which nobody holds"
         assert pins == self._pins, f"pins {self._pins} do not count the pending copies {pins}"
-        for src, count in pins.items():
-            holders[src] = holders.get(src, 0) + count
+        holders: dict[int, int] = {}
+        for m in (self, *others):
+            for block, count in m._holders().items():
+                holders[block] = holders.get(block, 0) + count
         self.pool.check_integrity(holders)
 
     # -- internals ------------------------------------------------------------
+
+    def _table_holders(self) -> dict[int, int]:
+        holders: dict[int, int] = {}
+        for seq in self._seqs.values():
+            for block in seq.table[seq.released :]:
+                holders[block] = holders.get(block, 0) + 1
+        return holders
+
+    def _holders(self) -> dict[int, int]:
+        """References this manager explains: table entries, plus pending copies' pins."""
+        holders = self._table_holders()
+        for src, count in self._pins.items():
+            holders[src] = holders.get(src, 0) + count
+        return holders
 
     def _get(self, name: str, seq_id: object) -> _Sequence:
         """The held sequence that the argument ``name`` names."""
@@ -355,31 +616,74 @@ class BlockManager:
             )
         return sid
 
+    def _keys(self, extra_keys: Sequence[Hashable]) -> tuple[Hashable, ...]:
+        return self._group_keys + check_keys("extra_keys", extra_keys)
+
+    def _limit(self, limit: int | None) -> int | None:
+        return None if limit is None else check_int("max_cached", limit, low=0)
+
     def _blocks_needed(self, seq: _Sequence, num_new_tokens: int) -> int:
         grow = cdiv(len(seq.tokens) + num_new_tokens, self.block_size) - len(seq.table)
         return grow + int(num_new_tokens > 0 and self._needs_copy(seq))
 
-    def _cache_hits(
-        self, tokens: tuple[int, ...], extra_keys: tuple[Hashable, ...]
-    ) -> list[tuple[BlockHash, int]]:
-        """The prompt's leading resident full blocks, as ``(hash, block)``.
+    def _reclaimable(self, seq: _Sequence) -> int:
+        """Expired blocks nobody else holds: the pool gets them back when they are released."""
+        if self.window is None:
+            return 0
+        return sum(self.pool.ref_count(b) == 1 for b in self._expired(seq))
 
-        One rule for :meth:`cached_prefix` and :meth:`add_sequence`: at least
-        one token is left to compute, and the first miss ends the run (hashes
-        are chained, so nothing after a miss can hit).
+    def _expired(self, seq: _Sequence) -> list[int]:
+        """Held blocks wholly before the window of the sequence's earliest query still to run."""
+        return seq.table[seq.released : self.held_from(seq.num_committed)]
+
+    def _release(self, seq: _Sequence) -> int:
+        """Give back the expired blocks, oldest first; their table entries become PAD_BLOCK.
+
+        They are full and already laid out, so a registered one keeps its hash
+        and stays findable (cached) until evicted: a later prompt with the
+        same prefix can still hit it.
+        """
+        end = self.held_from(seq.num_committed)
+        count = max(0, end - seq.released)
+        for i in range(seq.released, end):
+            self.pool.decref(seq.table[i])
+            seq.table[i] = PAD_BLOCK
+        seq.released += count
+        return count
+
+    def _cache_hits(
+        self, tokens: tuple[int, ...], extra_keys: tuple[Hashable, ...], limit: int | None = None
+    ) -> list[tuple[BlockHash, int]]:
+        """The prompt's leading cached full blocks, as ``(hash, block)``.
+
+        One rule for :meth:`cached_prefix`, :meth:`blocks_to_admit` and
+        :meth:`add_sequence`: at least one token is left to compute, and at
+        most ``limit`` tokens come from the cache. Without a window every
+        block of the prefix must be resident, so the first miss ends the run
+        (hashes are chained, so nothing after a miss can hit). With a window,
+        ``k`` blocks hit when the ones the query at ``k * B`` sees are
+        resident; the blocks before them come back as :data:`PAD_BLOCK`.
         """
         if not self.enable_prefix_caching or not tokens:
             return []
-        usable = (len(tokens) - 1) // self.block_size  # leave >= 1 token to compute
-        hits = []
-        for h in prompt_block_hashes(
-            tokens[: usable * self.block_size], self.block_size, extra_keys
-        ):
-            block = self.pool.cached_block(h)
-            if block is None:
+        b = self.block_size
+        usable = (len(tokens) - 1) // b  # leave >= 1 token to compute
+        if limit is not None:
+            usable = min(usable, limit // b)
+        hashes = prompt_block_hashes(tokens[: usable * b], b, extra_keys)
+        blocks = [self.pool.cached_block(h) for h in hashes]
+        best, run = 0, 0
+        for j, block in enumerate(blocks):
+            run = run + 1 if block is not None else 0
+            if self.window is None and block is None:
                 break
-            hits.append((h, block))
-        return hits
+            if run >= j + 1 - self.held_from((j + 1) * b):
+                best = j + 1
+        first = self.held_from(best * b)
+        return [
+            (h, PAD_BLOCK if i < first or x is None else x)
+            for i, (h, x) in enumerate(zip(hashes[:best], blocks, strict=False))
+        ]
 
     def _needs_copy(self, seq: _Sequence) -> bool:
         """The next token lands in the last block, and another *table* also holds that block.
@@ -408,12 +712,15 @@ class BlockManager:
         self.pool.decref(src)
 
     def _name_full_blocks(self, seq: _Sequence) -> None:
-        """Hash the blocks that have just filled, and offer them to the prefix cache."""
-        b = self.block_size
-        while len(seq.hashes) < len(seq.tokens) // b:
-            i = len(seq.hashes)
-            parent = seq.hashes[-1] if seq.hashes else None
-            h = block_hash(parent, seq.tokens[i * b : (i + 1) * b], seq.extra_keys)
-            seq.hashes.append(h)
-            if self.enable_prefix_caching:
-                self.pool.register(seq.table[i], h)
+        """Hash the blocks that have just filled, and offer the held ones to the prefix cache.
+
+        Without prefix caching nothing is named: no lookup could use the names.
+        """
+        if not self.enable_prefix_caching:
+            return
+        b, first = self.block_size, len(seq.hashes)
+        parent = seq.hashes[-1] if seq.hashes else None
+        new = seq.tokens[first * b : len(seq.tokens) // b * b]
+        seq.hashes.extend(prompt_block_hashes(new, b, seq.extra_keys, parent=parent))
+        for i in range(max(first, seq.released), len(seq.hashes)):
+            self.pool.register(seq.table[i], seq.hashes[i])

@@ -12,7 +12,7 @@ never fails half-way through a step.
 * give a running sequence more tokens: :meth:`can_grow`, then :meth:`grow`;
 * preempt, by recompute or by swap: :meth:`can_swap_out`, then :meth:`preempt`;
 * resume a swapped-out sequence: :meth:`can_swap_in`, then :meth:`swap_in`;
-* fork a request into its samples: :meth:`fork` (it takes no blocks);
+* fork a sequence (samples, beams): :meth:`can_fork`, then :meth:`fork`;
 * finish or abort: :meth:`holds`, then :meth:`release`;
 * lay out the step's tables and slots: :meth:`layout` (always possible);
 * static batching, who fits together at their worst case: :meth:`worst_case_fit`.
@@ -23,19 +23,62 @@ nobody holds (cached, evictable) takes it out of the available count just
 like an allocation would, so the query counts it. The first chunk of the
 prompt is allocated with the admission.
 
-How many blocks hold ``t`` tokens is one function, :func:`blocks_for`, used
-by every query here. Where a token's slot is belongs to the block tables
-(:func:`spec.batch.slot_of`): nothing on the scheduler side computes a slot.
+How many blocks hold ``t`` tokens is one function, :func:`blocks_for`, and
+each group's own arithmetic (its window, its hits) is its
+:class:`~spec.block_manager.BlockManager`'s. Where a token's slot is belongs
+to the block tables (:func:`spec.batch.slot_of`): nothing on the scheduler
+side computes a slot.
 
-**KV cache groups.** Today there is one group, full attention, over one
-:class:`~spec.block_manager.BlockManager` (:data:`FULL_ATTENTION`). The calls
-are shaped so that more groups (a sliding-window group, a fixed-size state
-group) can sit behind them without the scheduler changing: a query becomes
-the conjunction of every group's query (a request is admitted only if every
-group can take it, and :meth:`check_admissible` names the group that can
-never hold it); a command runs only after all the queries passed, and applies
-to each group in turn, so a failure in one group changes nothing in any;
-:meth:`cached_tokens` becomes the fewest tokens every group can supply.
+**KV cache groups** (:mod:`spec.kv_groups`). A model's layers form groups,
+each with its own lifecycle: full attention, a sliding window, fixed-size
+state. Each paged group keeps its own table per sequence (a
+:class:`BlockManager`); the state group keeps one slot per sequence (a
+:class:`~spec.kv_groups.StateManager`). Behind every call:
+
+* a query is the conjunction of every group's: a request is admitted only if
+  every group can take it, and since the paged groups share one pool, only if
+  the *sum* of what they need is available;
+* a command runs only after every query passed, and applies to each group in
+  turn, releases before allocations (a block a window gives back can serve
+  another group in the same step), prefix hits before fresh blocks (so a
+  fresh block never evicts a block another group is about to hit); so a
+  failure in one group changes nothing in any;
+* :meth:`check_admissible` names the group that can never take a request;
+* :meth:`cached_tokens` is the longest prefix every group can supply. A
+  sliding-window group needs only the blocks the first computed query sees;
+  the state group supplies none (the state after a prefix is not kept), so
+  a model with state layers gets no prefix hits;
+* a fork shares the blocks every paged group holds (released entries stay
+  released) and copies the state into a fresh slot.
+
+**Two pools, and why.** The paged groups share one pool of ``num_blocks``
+block ids, as vLLM's hybrid allocator does: a block a window releases serves
+any group, and no split between groups has to be guessed in advance. One
+block-id space is also what the contract has: a layer reads
+``batch.tables(geometry.group_of(layer))`` over its own ``[num_blocks, ...]``
+cache, one copy list serves every layer (a block id is one group's at a time,
+so copying it on every layer copies that group's KV and touches pages nobody
+reads), and so does one swap list. Fixed-size state cannot share those ids: a
+state slot is not a block, its size has nothing to do with ``B`` tokens, and
+its lifecycle differs (one per sequence from admission to finish, copied on
+fork, never cached). It is a second pool, of ``num_state_slots`` slots, as
+the seeds' hybrid lesson says: "two pools with different lifecycles".
+
+**Bytes, exactly.** With paged groups of ``L_g`` layers, ``H_kv`` KV heads
+of dimension ``D`` and ``s`` bytes an element, block ``b`` held by group
+``g`` stores ``B`` tokens of K and V for each of group ``g``'s layers,
+``2 * B * L_g * H_kv * D * s`` bytes. A server backs the shared pool with
+``max_g L_g`` layer-arrays of ``num_blocks`` pages each (layer ``j`` of every
+group in array ``j``: they never hold one block id at the same time), so the
+pool costs ``num_blocks * 2 * B * max_g L_g * H_kv * D * s`` bytes, and groups
+of equal size waste nothing: split a model's windowed layers into groups of
+the full-attention group's size (``tools.capacity`` does). The state pool
+costs ``num_state_slots * state_bytes``, where ``state_bytes`` is one
+sequence's state over every state layer (144 MiB for the seeds' 27B). The
+host pools cost the same per block and per slot. The contract's own layout
+(one array per layer, :mod:`spec.backend`) is simpler and allocates every
+layer's ``num_blocks`` pages, ``sum_g L_g / max_g L_g`` times the pool: right
+for tests and the reference, not what a server allocates.
 
 >>> cache = CacheManager(num_blocks=4, block_size=4, num_host_blocks=4)
 >>> cache.can_admit([1] * 10, chunk_limit=8)        # the first chunk of 8 needs 2 blocks
@@ -54,15 +97,31 @@ True
 ((0, 1, 2), (12, 8, 4))
 >>> cache.release(0); cache.holds(0), cache.usage().used_blocks
 (False, 0)
+
+With a full-attention group, a sliding window of 4 tokens and a state group,
+a 12-token prompt holds 3 + 3 blocks and a state slot; once it decodes, the
+window gives back what its queries no longer see:
+
+>>> hybrid = CacheManager(8, 4, groups=(FULL_ATTENTION, sliding_window(4), FIXED_STATE),
+...                       num_state_slots=2)
+>>> hybrid.admit(0, list(range(12)), chunk_limit=12)
+Admission(cached_tokens=0, new_tokens=12)
+>>> batch = hybrid.layout([(0, 12)])
+>>> batch.tables(0), batch.tables(1), batch.state.slots
+(((0, 1, 2),), ((3, 4, 5),), (0,))
+>>> _ = hybrid.grow(0, [12]); batch = hybrid.layout([(0, 1)])   # the query at 12 sees 9..12
+>>> batch.tables(0), batch.tables(1), hybrid.usage().used_blocks
+(((0, 1, 2, 6),), ((-1, -1, 5, 7),), 6)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from spec.batch import BatchMetadata, build_batch
-from spec.block_manager import BlockManager, cdiv
+from spec.batch import BatchMetadata, StateLayout, build_batch
+from spec.block_manager import PAD_SLOT, BlockManager
+from spec.block_pool import BlockPool
 from spec.errors import (
     ArgumentValueError,
     CapacityError,
@@ -70,16 +129,30 @@ from spec.errors import (
     OutOfBlocksError,
     UnknownSequenceError,
 )
-from spec.prefix_cache import prompt_block_hashes
+from spec.kv_budget import cdiv
+from spec.kv_groups import FIXED_STATE, FULL_ATTENTION, KVCacheGroup, StateManager, StatePool
+from spec.kv_groups import sliding_window as sliding_window
 from spec.request import Request
 from spec.sched_policy import SchedulerConfig
 from spec.swap import HostPool, SwapIn, SwapOut
-from spec.validate import check_bool, check_instance, check_int, check_positive, check_token_ids
+from spec.validate import (
+    as_sequence,
+    check_bool,
+    check_instance,
+    check_int,
+    check_positive,
+    check_token_ids,
+)
 
-__all__ = ["FULL_ATTENTION", "Admission", "CacheManager", "CacheUsage", "blocks_for"]
-
-FULL_ATTENTION = "full attention"
-"""The name of the one KV cache group today: paged blocks that grow with the sequence."""
+__all__ = [
+    "FIXED_STATE",
+    "FULL_ATTENTION",
+    "Admission",
+    "CacheManager",
+    "CacheUsage",
+    "blocks_for",
+    "sliding_window",
+]
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -101,17 +174,37 @@ class CacheUsage:
 
     free_blocks: int  # no holder, no cached content
     cached_blocks: int  # no holder, a reusable prefix (evictable)
-    used_blocks: int  # held by some sequence (or a pending copy)
-    tail_waste: int  # slots held by device sequences that hold no token
+    used_blocks: int  # held by some sequence (or a pending copy), in any group
+    tail_waste: int  # slots held by device sequences that hold no token, every group
     prefix_queried_tokens: int  # cumulative
     prefix_hit_tokens: int  # cumulative
 
 
-class CacheManager:
-    """A scheduler's device blocks (a :class:`BlockManager`) and host blocks (a :class:`HostPool`).
+@dataclass(frozen=True)
+class _Parked:
+    """A swapped-out sequence: its host blocks per paged group, where each group's held
+    entries began, and its state's host slot."""
 
-    Invariant: a sequence holds device blocks (it is in :attr:`manager`),
-    host blocks (it is swapped out), or nothing; never both.
+    out: SwapOut
+    host_blocks: tuple[tuple[int, ...], ...]
+    released: tuple[int, ...]
+    host_state: int | None
+
+
+class CacheManager:
+    """A scheduler's device memory (one block pool shared by the paged groups, a state pool)
+    and host memory (a :class:`HostPool` of blocks, one of state slots).
+
+    ``groups`` lists the model's KV cache groups (default: one full-attention
+    group); the paged ones are the batch's groups ``0, 1, ...`` in order, and
+    at most one is a fixed-size state group, with ``num_state_slots`` device
+    slots and ``num_host_state_slots`` host slots. ``max_chunk_tokens`` is the
+    most tokens a step appends to one sequence (the scheduler's token budget),
+    which bounds a windowed group's worst case for admission control.
+
+    Invariant: a sequence holds device memory in every group (it is in every
+    manager, and holds a state slot), host memory (it is swapped out), or
+    nothing; never a mix.
     """
 
     def __init__(
@@ -121,32 +214,81 @@ class CacheManager:
         *,
         num_host_blocks: int = 0,
         enable_prefix_caching: bool = False,
+        groups: Sequence[KVCacheGroup] = (FULL_ATTENTION,),
+        num_state_slots: int = 0,
+        num_host_state_slots: int = 0,
+        max_chunk_tokens: int | None = None,
     ) -> None:
         num_blocks = check_positive("num_blocks", num_blocks)
         self._block_size = check_positive("block_size", block_size)
-        self._manager = BlockManager(
-            num_blocks,
-            self._block_size,
-            enable_prefix_caching=check_bool("enable_prefix_caching", enable_prefix_caching),
+        caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        self._caching = caching
+        self._groups = _check_groups(groups)
+        self._max_chunk = None
+        if max_chunk_tokens is not None:
+            self._max_chunk = check_positive("max_chunk_tokens", max_chunk_tokens)
+        self._pool = BlockPool(num_blocks, self._block_size)
+        paged = [g for g in self._groups if g.paged]
+        self._paged = paged
+        self._managers = tuple(
+            BlockManager(
+                num_blocks,
+                self._block_size,
+                enable_prefix_caching=caching,
+                window=g.window,
+                pool=self._pool,
+                group_key=None if len(paged) == 1 else i,
+            )
+            for i, g in enumerate(paged)
         )
+        has_state = FIXED_STATE in self._groups
+        slots = check_int("num_state_slots", num_state_slots, low=0)
+        self._state = StateManager(StatePool(slots)) if has_state else None
         self._host = HostPool(num_host_blocks)
-        self._swapped: dict[int, SwapOut] = {}  # seq id -> where its KV went
+        self._host_state = HostPool(check_int("num_host_state_slots", num_host_state_slots, low=0))
+        self._swapped: dict[int, _Parked] = {}  # seq id -> where its memory went
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> CacheManager:
         """The memory a scheduler with ``config`` works over."""
         config = check_instance("config", config, SchedulerConfig)
+        chunk = config.max_num_batched_tokens
+        if config.max_chunk_tokens is not None:
+            chunk = min(chunk, config.max_chunk_tokens)
         return cls(
             config.num_blocks,
             config.block_size,
             num_host_blocks=config.num_host_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
+            groups=config.kv_groups or (FULL_ATTENTION,),
+            num_state_slots=config.num_state_slots or 0,
+            num_host_state_slots=config.num_host_state_slots,
+            max_chunk_tokens=chunk,
         )
 
     @property
     def manager(self) -> BlockManager:
-        """The device group's block manager (tables, slots, integrity): read it, do not drive it."""
-        return self._manager
+        """Group 0's block manager (tables, slots, integrity): read it, do not drive it."""
+        return self._managers[0]
+
+    @property
+    def managers(self) -> tuple[BlockManager, ...]:
+        """Every paged group's block manager, in batch-group order (read-only use)."""
+        return self._managers
+
+    @property
+    def groups(self) -> tuple[KVCacheGroup, ...]:
+        return self._groups
+
+    @property
+    def pool(self) -> BlockPool:
+        """The block pool every paged group shares (read-only use)."""
+        return self._pool
+
+    @property
+    def state(self) -> StateManager | None:
+        """The state group's slots, if the model has one (read-only use)."""
+        return self._state
 
     @property
     def host(self) -> HostPool:
@@ -158,28 +300,47 @@ class CacheManager:
         """Raise :class:`CapacityError`, naming the group, if one sample could never fit.
 
         One sample's worst case (every token up to ``max_new_tokens`` holding
-        KV) must fit the whole pool; samples of one request can take turns.
+        KV, a window's group at most its window and a step's chunk) must fit
+        the whole pool, summed over the paged groups that share it; samples of
+        one request can take turns. With a state group, each of the request's
+        samples needs a state slot of its own at once (they run side by side).
         """
         request = check_instance("request", request, Request)
-        pool = self._manager.pool
-        need = blocks_for(request.max_kv_tokens, self._block_size)
-        if need > pool.num_blocks:
+        rid, t, b = request.request_id, request.max_kv_tokens, self._block_size
+        n = self._pool.num_blocks
+        needs = [m.max_blocks(t, self._max_chunk) for m in self._managers]
+        for group, need in zip(self._paged, needs, strict=True):
+            if need > n:
+                raise CapacityError(
+                    f"request {rid}: KV cache group '{group.name}': {t} tokens of KV need "
+                    f"{need} blocks of {b}, but the whole pool has {n}"
+                )
+        if sum(needs) > n:
+            each = ", ".join(f"'{g.name}' {k}" for g, k in zip(self._paged, needs, strict=True))
             raise CapacityError(
-                f"request {request.request_id}: KV cache group '{FULL_ATTENTION}': "
-                f"{request.max_kv_tokens} tokens of KV need {need} blocks of {self._block_size}, "
-                f"but the whole pool has {pool.num_blocks}"
+                f"request {rid}: {t} tokens of KV need {sum(needs)} blocks of {b} over its KV "
+                f"cache groups ({each}), but the pool they share has {n}"
+            )
+        if self._state is not None and request.n > self._state.pool.num_slots:
+            raise CapacityError(
+                f"request {rid}: KV cache group '{FIXED_STATE.name}': {request.n} samples need "
+                f"{request.n} state slots, but the state pool has {self._state.pool.num_slots}"
             )
 
     def worst_case_fit(self, requests: Iterable[Request]) -> int:
-        """How many leading ``requests`` fit the pool together at their worst case.
+        """How many leading ``requests`` fit the pools together at their worst case.
 
         Worst case: every sample reaches ``max_new_tokens`` and nothing is
         shared. A batch within that never needs to preempt.
         """
-        total, fitted = 0, 0
+        blocks = slots = fitted = 0
         for request in requests:
-            total += request.n * blocks_for(request.max_kv_tokens, self._block_size)
-            if total > self._manager.pool.num_blocks:
+            t = request.max_kv_tokens
+            blocks += request.n * sum(m.max_blocks(t, self._max_chunk) for m in self._managers)
+            slots += request.n
+            if blocks > self._pool.num_blocks or (
+                self._state is not None and slots > self._state.pool.num_slots
+            ):
                 break
             fitted += 1
         return fitted
@@ -187,17 +348,35 @@ class CacheManager:
     # -- admission -----------------------------------------------------------------
 
     def cached_tokens(self, tokens: Sequence[int]) -> int:
-        """Leading tokens the prefix cache would supply to a new sequence (a pure query)."""
-        return self._manager.cached_prefix(check_token_ids("tokens", tokens))
+        """Leading tokens the prefix cache would supply to a new sequence in every group (a pure
+        query): the longest prefix each group can supply, none with a state group."""
+        return self._cached(check_token_ids("tokens", tokens))
+
+    def _cached(self, tokens: tuple[int, ...]) -> int:
+        if self._state is not None or not self._caching:
+            return 0
+        cached = self._managers[0].cached_prefix(tokens)
+        while len(self._managers) > 1:
+            before = cached
+            for m in self._managers:
+                cached = m.cached_prefix(tokens, limit=cached)
+            if cached == before:
+                break
+        return cached
 
     def can_admit(self, tokens: Sequence[int], chunk_limit: int) -> bool:
         """Could a new sequence take its prefix hits and slots for its first chunk now?
 
-        The first chunk is ``min(uncached tokens, chunk_limit)`` tokens.
+        The first chunk is ``min(uncached tokens, chunk_limit)`` tokens. Every
+        group must agree: the sum of the paged groups' blocks is available,
+        and a state slot is free.
         """
-        tokens = check_token_ids("tokens", tokens)
-        return self._admission_cost(tokens, check_positive("chunk_limit", chunk_limit)) <= (
-            self._manager.pool.num_available
+        return self._can_admit(check_token_ids("tokens", tokens), chunk_limit)
+
+    def _can_admit(self, tokens: tuple[int, ...], chunk_limit: int) -> bool:
+        chunk_limit = check_positive("chunk_limit", chunk_limit)
+        return self._admission_cost(tokens, chunk_limit) <= self._pool.num_available and (
+            self._state is None or self._state.pool.num_free > 0
         )
 
     def admit(self, seq_id: int, tokens: Sequence[int], chunk_limit: int) -> Admission:
@@ -205,68 +384,117 @@ class CacheManager:
         seq_id = check_int("seq_id", seq_id, low=0)
         if self.holds(seq_id):
             raise DuplicateSequenceError(f"seq_id {seq_id} already holds memory")
-        if not self.can_admit(tokens, chunk_limit):
-            raise OutOfBlocksError(f"sequence {seq_id}: too few blocks to admit it now")
         tokens = check_token_ids("tokens", tokens)
-        cached = self._manager.add_sequence(seq_id, tokens)
+        if not self._can_admit(tokens, chunk_limit):
+            raise OutOfBlocksError(f"sequence {seq_id}: too few blocks to admit it now")
+        cached = self._cached(tokens)
         num_new = min(len(tokens) - cached, chunk_limit)
-        self._manager.append_slots(seq_id, tokens[cached : cached + num_new])
+        for m in self._managers:  # every group's hits first, then fresh blocks
+            m.add_sequence(seq_id, tokens, max_cached=cached)
+        for m in self._managers:
+            m.append_slots(seq_id, tokens[cached : cached + num_new])
+        if self._state is not None:
+            self._state.add(seq_id)
         return Admission(cached, num_new)
 
-    def _admission_cost(self, tokens: Sequence[int], chunk_limit: int) -> int:
-        """Available blocks admission would consume: evictable prefix hits plus fresh blocks."""
-        b, pool = self._block_size, self._manager.pool
-        cached = self._manager.cached_prefix(tokens)
-        evictable = 0
-        for h in prompt_block_hashes(tokens, b)[: cached // b] if cached else []:
-            block = pool.cached_block(h)
-            evictable += block is not None and pool.ref_count(block) == 0
+    def _admission_cost(self, tokens: tuple[int, ...], chunk_limit: int) -> int:
+        """Available blocks admission would consume, over every paged group."""
+        cached = self._cached(tokens)
         num_new = min(len(tokens) - cached, chunk_limit)
-        return evictable + blocks_for(cached + num_new, b) - blocks_for(cached, b)
+        return sum(m.blocks_to_admit(tokens, num_new, max_cached=cached) for m in self._managers)
 
     # -- growth ----------------------------------------------------------------------
 
     def can_grow(self, seq_id: int, num_new: int) -> bool:
-        """Could running sequence ``seq_id`` get slots for ``num_new`` more tokens now?"""
-        return self._manager.can_append(seq_id, num_new)  # the manager checks its arguments
+        """Could running sequence ``seq_id`` get slots for ``num_new`` more tokens now?
+
+        Counts what every group takes (new blocks, copy-on-write copies) less
+        what windows give back first.
+        """
+        if len(self._managers) == 1:
+            return self._managers[0].can_append(seq_id, num_new)
+        return self._growth(seq_id, num_new) <= self._pool.num_available
 
     def grow(self, seq_id: int, tokens: Sequence[int]) -> list[int]:
-        """Give slots to the next ``tokens`` of a running sequence (copy-on-write first)."""
-        return self._manager.append_slots(seq_id, tokens)
+        """Give slots to the next ``tokens`` of a running sequence (copy-on-write first).
+
+        Returns group 0's slots. Windows release first, then every group appends.
+        """
+        if len(self._managers) == 1:
+            return self._managers[0].append_slots(seq_id, tokens)
+        toks = check_token_ids("tokens", tokens)
+        if not self.can_grow(seq_id, len(toks)):
+            self._pool.num_allocation_failures += 1
+            raise OutOfBlocksError(
+                f"sequence {seq_id} needs {self._growth(seq_id, len(toks))} more blocks over its "
+                f"KV cache groups for {len(toks)} tokens, {self._pool.num_available} available"
+            )
+        for m in self._managers:
+            m.release_expired(seq_id)
+        slots = self._managers[0].append_slots(seq_id, toks)
+        for m in self._managers[1:]:
+            m.append_slots(seq_id, toks)
+        return slots
+
+    def _growth(self, seq_id: int, num_new: int) -> int:
+        """Net blocks ``num_new`` more tokens take from the pool, over every group."""
+        return sum(
+            m.blocks_needed(seq_id, num_new) - m.blocks_reclaimed(seq_id) for m in self._managers
+        )
 
     # -- preemption and resumption ------------------------------------------------------
 
     def can_swap_out(self, seq_id: int) -> bool:
-        """Does the host pool have room for every block of running sequence ``seq_id``?"""
-        return len(self._manager.block_table(seq_id)) <= self._host.num_free
+        """Do the host pools have room for every block (and the state) of running ``seq_id``?"""
+        held = sum(len(m.held_blocks(seq_id)) for m in self._managers)
+        return held <= self._host.num_free and (
+            self._state is None or self._host_state.num_free > 0
+        )
 
     def preempt(self, seq_id: int, *, swap: bool) -> SwapOut | None:
-        """Take a running sequence's device blocks back now: to the host if ``swap``, else dropped.
+        """Take a running sequence's device memory back now: to the host if ``swap``, else dropped.
 
         By swap, returns the :class:`SwapOut` the engine executes (device
-        blocks to host blocks, before anything else in the step); by recompute,
-        returns None and the sequence will recompute its tokens later.
+        blocks to host blocks, every group's, and the state slot, before
+        anything else in the step); by recompute, returns None and the
+        sequence will recompute its tokens later (its state too).
         """
-        table = self._manager.block_table(seq_id)
+        held = [m.held_blocks(seq_id) for m in self._managers]
         if not check_bool("swap", swap):
-            self._manager.free(seq_id)
+            self._free_device(seq_id)
             return None
         if not self.can_swap_out(seq_id):
-            free = self._host.num_free
+            need, free = sum(len(h) for h in held), self._host.num_free
             raise OutOfBlocksError(
-                f"host pool: sequence {seq_id} needs {len(table)} blocks, {free} free"
+                f"host pool: sequence {seq_id} needs {need} blocks and its state, {free} free"
             )
-        host = tuple(self._host.allocate(len(table)))
-        out = SwapOut(seq_id, table, host, self._manager.num_tokens(seq_id))
-        self._manager.free(seq_id)
-        self._swapped[seq_id] = out
+        hosts = self._host.allocate(sum(len(h) for h in held))
+        per_group, start = [], 0
+        for h in held:
+            per_group.append(tuple(hosts[start : start + len(h)]))
+            start += len(h)
+        state = None
+        if self._state is not None:
+            state = (self._state.source(seq_id), self._host_state.allocate(1)[0])
+        device = tuple(b for h in held for b in h)
+        out = SwapOut(seq_id, device, tuple(hosts), self.manager.num_tokens(seq_id), state)
+        released = tuple(
+            len(m.block_table(seq_id)) - len(h) for m, h in zip(self._managers, held, strict=True)
+        )
+        self._swapped[seq_id] = _Parked(
+            out, tuple(per_group), released, None if state is None else state[1]
+        )
+        self._free_device(seq_id)
         return out
 
     def can_swap_in(self, seq_id: int, num_new: int) -> bool:
         """Could swapped-out ``seq_id`` come back into fresh blocks, plus ``num_new`` tokens?"""
-        swapped = self._swapped_out(seq_id)
-        total = swapped.num_tokens + check_int("num_new", num_new, low=0)
-        return blocks_for(total, self._block_size) <= self._manager.pool.num_available
+        parked = self._swapped_out(seq_id)
+        t, k = parked.out.num_tokens, check_int("num_new", num_new, low=0)
+        need = sum(m.blocks_to_restore(t, k) for m in self._managers)
+        return need <= self._pool.num_available and (
+            self._state is None or self._state.pool.num_free > 0
+        )
 
     def swap_in(self, seq_id: int, tokens: Sequence[int], num_new: int) -> SwapIn:
         """Bring ``seq_id`` back: fresh blocks for its swapped tokens and ``num_new`` more.
@@ -274,10 +502,11 @@ class CacheManager:
         ``tokens`` are the sequence's tokens from the start; the first
         ``SwapOut.num_tokens`` of them come back from the host (the returned
         :class:`SwapIn` says through which slots), the next ``num_new`` are new.
+        A windowed group brings back only the blocks its window still needs.
         """
-        swapped = self._swapped_out(seq_id)
+        parked = self._swapped_out(seq_id)
         tokens = check_token_ids("tokens", tokens)
-        n, num_new = swapped.num_tokens, check_int("num_new", num_new, low=0)
+        n, num_new = parked.out.num_tokens, check_int("num_new", num_new, low=0)
         if len(tokens) < n + num_new:
             raise ArgumentValueError(
                 f"tokens of sequence {seq_id}: {n} swapped + {num_new} new needed, "
@@ -285,74 +514,137 @@ class CacheManager:
             )
         if not self.can_swap_in(seq_id, num_new):
             raise OutOfBlocksError(f"sequence {seq_id}: too few blocks to swap it in now")
-        self._manager.add_sequence(seq_id, [])
-        slots = self._manager.append_slots(seq_id, tokens[:n])
-        self._manager.mark_written(seq_id)  # the swap-in writes their KV, not the batch
-        self._manager.append_slots(seq_id, tokens[n : n + num_new])
-        self._host.free(swapped.host_blocks)
+        hosts: list[int] = []
+        slots: list[int] = []
+        for g, m in enumerate(self._managers):
+            if slots:  # each group's run starts at a host block boundary
+                slots.extend([PAD_SLOT] * (-len(slots) % self._block_size))
+            slots.extend(m.restore(seq_id, tokens[:n]))
+            hosts.extend(parked.host_blocks[g][m.held_from(n) - parked.released[g] :])
+        for m in self._managers:
+            m.append_slots(seq_id, tokens[n : n + num_new])
+        state = None
+        if self._state is not None and parked.host_state is not None:
+            state = (parked.host_state, self._state.add(seq_id))
+            self._host_state.free([parked.host_state])
+        self._host.free(parked.out.host_blocks)
         del self._swapped[seq_id]
-        return SwapIn(seq_id, swapped.host_blocks, tuple(slots))
+        return SwapIn(seq_id, tuple(hosts), tuple(slots), state)
 
-    def _swapped_out(self, seq_id: int) -> SwapOut:
+    def _swapped_out(self, seq_id: int) -> _Parked:
         swapped = self._swapped.get(check_int("seq_id", seq_id, low=0))
         if swapped is None:
             raise UnknownSequenceError(f"sequence {seq_id} is not swapped out")
         return swapped
 
-    # -- the end of a sequence ------------------------------------------------------------
+    # -- forks and the end of a sequence ----------------------------------------------------
+
+    def can_fork(self, parent_id: int) -> bool:
+        """Could running ``parent_id`` fork now? Paged groups take no blocks; a state group
+        needs a free slot for the child's own state."""
+        if parent_id not in self.manager:
+            raise UnknownSequenceError(f"parent_id {parent_id} holds no device memory")
+        return self._state is None or self._state.pool.num_free > 0
 
     def fork(self, parent_id: int, child_id: int) -> None:
-        """Start ``child_id`` sharing every block of ``parent_id`` (copy-on-write later)."""
-        self._manager.fork(parent_id, child_id)
+        """Start ``child_id`` sharing every held block of ``parent_id`` (copy-on-write later),
+        with a copy of its state in a slot of its own."""
+        if self.holds(check_int("child_id", child_id, low=0)):
+            raise DuplicateSequenceError(f"child_id {child_id} already holds memory")
+        if not self.can_fork(parent_id):
+            raise OutOfBlocksError(f"state pool: no free state slot to fork {parent_id} into")
+        for m in self._managers:  # the first raises (a step boundary, say) before any change
+            m.fork(parent_id, child_id)
+        if self._state is not None:
+            self._state.fork(parent_id, child_id)
 
     def holds(self, seq_id: int) -> bool:
-        """Does ``seq_id`` hold device or host blocks?"""
+        """Does ``seq_id`` hold device or host memory?"""
         seq_id = check_int("seq_id", seq_id, low=0)
-        return seq_id in self._manager or seq_id in self._swapped
+        return seq_id in self.manager or seq_id in self._swapped
 
     def release(self, seq_id: int) -> None:
         """Free whatever ``seq_id`` holds, device or host (a finish, an abort)."""
         seq_id = check_int("seq_id", seq_id, low=0)
-        if seq_id in self._manager:
-            self._manager.free(seq_id)
+        if seq_id in self.manager:
+            self._free_device(seq_id)
         elif seq_id in self._swapped:
-            self._host.free(self._swapped.pop(seq_id).host_blocks)
+            parked = self._swapped.pop(seq_id)
+            self._host.free(parked.out.host_blocks)
+            if parked.host_state is not None:
+                self._host_state.free([parked.host_state])
         else:
             raise UnknownSequenceError(f"sequence {seq_id} holds no memory")
+
+    def _free_device(self, seq_id: int) -> None:
+        for m in self._managers:
+            m.free(seq_id)
+        if self._state is not None:
+            self._state.free(seq_id)
 
     # -- the step's layout -----------------------------------------------------------------
 
     def layout(self, scheduled: Sequence[tuple[int, int]]) -> BatchMetadata:
         """The step's batch metadata for ``(seq_id, num_new_tokens)`` rows, copies included.
 
-        The memory side lays the batch out because the block tables are its
-        own (one per group, once there are groups).
+        The memory side lays the batch out because the tables are its own:
+        one per paged group (``batch.tables(g)``), and each row's state slot
+        with the step's state copies (``batch.state``) when there is a state group.
         """
-        return build_batch(self._manager, scheduled)
+        if self._state is None:
+            return build_batch(self.manager, scheduled, groups=self._managers[1:])
+        slots = tuple(self._state.slot(seq_id) for seq_id, _ in scheduled)
+        batch = build_batch(self.manager, scheduled, groups=self._managers[1:])
+        return replace(batch, state=StateLayout(slots, tuple(self._state.take_copies())))
 
     # -- reporting and checks --------------------------------------------------------------
 
     def host_blocks(self, seq_id: int) -> tuple[int, ...]:
-        """The host blocks a swapped-out sequence's KV sits in."""
-        return self._swapped_out(seq_id).host_blocks
+        """The host blocks a swapped-out sequence's KV sits in (every group's)."""
+        return self._swapped_out(seq_id).out.host_blocks
 
     def swapped_ids(self) -> list[int]:
         return list(self._swapped)
 
     def usage(self) -> CacheUsage:
-        m, pool = self._manager, self._manager.pool
+        m, pool = self.manager, self._pool
         return CacheUsage(
             free_blocks=pool.num_free,
             cached_blocks=pool.num_cached,
             used_blocks=pool.num_held,
-            tail_waste=sum(m.tail_waste(s) for s in m.sequence_ids()),
+            tail_waste=sum(g.tail_waste(s) for g in self._managers for s in g.sequence_ids()),
             prefix_queried_tokens=m.prefix_stats.queried_tokens,
             prefix_hit_tokens=m.prefix_stats.hit_tokens,
         )
 
     def check_integrity(self) -> None:
-        """Assert the device and host invariants, and that no sequence holds both."""
-        self._manager.check_integrity()
-        self._host.check_integrity([b for s in self._swapped.values() for b in s.host_blocks])
-        both = set(self._swapped) & set(self._manager.sequence_ids())
+        """Assert the device and host invariants: every group holds the same sequences and
+        tokens, each with one state slot; the shared pool's counts match every group's
+        tables; no sequence holds device and host memory."""
+        first = self.manager
+        for i, m in enumerate(self._managers):
+            m.check_integrity(others=self._managers[:i] + self._managers[i + 1 :])
+            assert m.sequence_ids() == first.sequence_ids(), (
+                f"group {i} holds {m.sequence_ids()}, group 0 {first.sequence_ids()}"
+            )
+            for s in m.sequence_ids():
+                assert m.tokens(s) == first.tokens(s), f"sequence {s}: group {i} tokens differ"
+        if self._state is not None:
+            self._state.check_integrity(first.sequence_ids())
+        self._host.check_integrity([b for p in self._swapped.values() for b in p.out.host_blocks])
+        self._host_state.check_integrity(
+            [p.host_state for p in self._swapped.values() if p.host_state is not None]
+        )
+        both = set(self._swapped) & set(first.sequence_ids())
         assert not both, f"sequences {sorted(both)} hold device and host blocks"
+
+
+def _check_groups(groups: object) -> tuple[KVCacheGroup, ...]:
+    """The model's groups: at least one paged group, at most one state group."""
+    items = as_sequence("groups", groups)
+    out = tuple(check_instance(f"groups[{i}]", g, KVCacheGroup) for i, g in enumerate(items))
+    if not any(g.paged for g in out):
+        raise ArgumentValueError(f"groups must hold a paged group (full or window), got {out}")
+    if sum(not g.paged for g in out) > 1:
+        raise ArgumentValueError("groups may hold one fixed-size state group, got several")
+    return out

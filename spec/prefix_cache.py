@@ -61,14 +61,22 @@ def block_hash(
 
 
 def prompt_block_hashes(
-    token_ids: Sequence[int], block_size: int, extra_keys: Sequence[Hashable] = ()
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_keys: Sequence[Hashable] = (),
+    *,
+    parent: BlockHash | None = None,
 ) -> list[BlockHash]:
-    """The chained hashes of every *full* block of ``token_ids``, in order."""
+    """The chained hashes of every *full* block of ``token_ids``, in order.
+
+    ``parent`` is the hash of the block before the first (None: they start a prompt).
+    """
     tokens = check_token_ids("token_ids", token_ids)
     b = check_positive("block_size", block_size)
     keys = check_keys("extra_keys", extra_keys)
+    if parent is not None:
+        check_hash("parent", parent)
     hashes: list[BlockHash] = []
-    parent: BlockHash | None = None
     for start in range(0, len(tokens) - b + 1, b):
         parent = _hash(parent, tokens[start : start + b], keys)
         hashes.append(parent)

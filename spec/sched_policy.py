@@ -59,7 +59,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from spec.validate import check_bool, check_choice, check_int, check_positive
+from spec.errors import ArgumentValueError
+from spec.kv_groups import FIXED_STATE, KVCacheGroup
+from spec.validate import (
+    as_sequence,
+    check_bool,
+    check_choice,
+    check_instance,
+    check_int,
+    check_positive,
+)
 
 __all__ = ["Rank", "SchedulerConfig", "overtake_horizon", "rank"]
 
@@ -87,6 +96,12 @@ class SchedulerConfig:
     ``preemption`` one of their choices, ``enable_prefix_caching`` a real bool.
     A request longer than ``max_model_len`` (prompt + ``max_new_tokens``) is
     refused at submission.
+
+    ``kv_groups`` are the model's KV cache groups (:mod:`spec.kv_groups`;
+    empty: one full-attention group). With a fixed-size state group,
+    ``num_state_slots`` (default ``max_num_seqs``) must be at least
+    ``max_num_seqs``: every seat has a state slot, so no admission or fork
+    ever waits for one; ``num_host_state_slots`` are the host's, for swapping.
     """
 
     num_blocks: int
@@ -100,6 +115,9 @@ class SchedulerConfig:
     num_host_blocks: int = 0  # the host pool for swapping
     enable_prefix_caching: bool = False
     aging_steps: int = 100  # priority policy: steps of waiting worth one priority level
+    kv_groups: tuple[KVCacheGroup, ...] = ()  # empty: one full-attention group
+    num_state_slots: int | None = None  # with a state group; None: max_num_seqs
+    num_host_state_slots: int = 0
 
     def __post_init__(self) -> None:
         values: dict[str, object] = {n: check_positive(n, getattr(self, n)) for n in _POSITIVE}
@@ -112,8 +130,30 @@ class SchedulerConfig:
         values["enable_prefix_caching"] = check_bool(
             "enable_prefix_caching", self.enable_prefix_caching
         )
+        values.update(_memory_groups(self))
         for name, value in values.items():  # normalised: numpy ints to int, numpy bools to bool
             object.__setattr__(self, name, value)
+
+
+def _memory_groups(config: SchedulerConfig) -> dict[str, object]:
+    """``kv_groups`` as a tuple of groups, and the state slots they need, checked."""
+    groups = tuple(
+        check_instance(f"kv_groups[{i}]", g, KVCacheGroup)
+        for i, g in enumerate(as_sequence("kv_groups", config.kv_groups))
+    )
+    seats = check_positive("max_num_seqs", config.max_num_seqs)
+    slots = config.num_state_slots
+    if FIXED_STATE in groups:
+        slots = seats if slots is None else check_int("num_state_slots", slots, low=0)
+        if slots < seats:
+            raise ArgumentValueError(
+                f"num_state_slots must be >= max_num_seqs ({seats}) with a fixed-size state "
+                f"group, so that every seat has a state slot, got {slots}"
+            )
+    elif slots is not None:
+        raise ArgumentValueError("num_state_slots is only for a model with a state group")
+    host = check_int("num_host_state_slots", config.num_host_state_slots, low=0)
+    return {"kv_groups": groups, "num_state_slots": slots, "num_host_state_slots": host}
 
 
 def rank(

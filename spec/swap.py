@@ -41,26 +41,37 @@ class SwapOut:
     """Copy device block ``device_blocks[i]`` to host block ``host_blocks[i]``, every layer.
 
     Executed first in a step, before any copy or write: the device blocks are
-    already back in the pool and may be reused by this very step.
+    already back in the pool and may be reused by this very step. With KV
+    cache groups the lists hold every paged group's held blocks: a block id
+    names one group's block at a time, so copying it on every layer carries
+    that group's KV (and pages of other layers that nobody reads).
+    ``state`` is ``(device slot, host slot)`` of a fixed-size state, if any.
     """
 
     seq_id: int
     device_blocks: tuple[int, ...]
     host_blocks: tuple[int, ...]
     num_tokens: int
+    state: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
 class SwapIn:
-    """Write token ``p``'s KV from host block ``host_blocks[p // B]``, offset ``p % B``,
-    into device slot ``slots[p]``, for ``p`` in ``0 .. len(slots) - 1``, every layer.
+    """Write the KV in host block ``host_blocks[i // B]``, offset ``i % B``, into device slot
+    ``slots[i]``, for ``i`` in ``0 .. len(slots) - 1``, every layer; a slot of ``-1`` is skipped.
 
-    Executed after swap-outs and copy-on-write copies, before the forward pass.
+    With one full-attention group, ``i`` is the token's position. With KV
+    cache groups, each group's run of slots starts at a host block boundary
+    (padded with ``-1``), and a sliding-window group brings back only the
+    blocks its window still needs. ``state`` is ``(host slot, device slot)``
+    of a fixed-size state, if any. Executed after swap-outs and
+    copy-on-write copies, before the forward pass.
     """
 
     seq_id: int
     host_blocks: tuple[int, ...]
     slots: tuple[int, ...]
+    state: tuple[int, int] | None = None
 
 
 class HostPool:

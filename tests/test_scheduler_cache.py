@@ -154,7 +154,7 @@ def test_admission_counts_an_evictable_prefix_hit_as_taken() -> None:
 
 def test_admission_control_names_the_group_and_worst_case_fit_counts_samples() -> None:
     cache = CacheManager(4, 4)
-    with pytest.raises(CapacityError, match=f"KV cache group '{FULL_ATTENTION}'.*pool has 4"):
+    with pytest.raises(CapacityError, match=f"KV cache group '{FULL_ATTENTION.name}'.*pool has 4"):
         cache.check_admissible(Request(request_id=0, prompt=(1,) * 16, max_new_tokens=2))
     cache.check_admissible(Request(request_id=1, prompt=(1,) * 16, max_new_tokens=1))
     reqs = [

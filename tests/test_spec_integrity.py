@@ -118,7 +118,7 @@ def test_pool_reference_counts_against_holders() -> None:
 
 def _manager() -> BlockManager:
     """Sequence 0: 3 tokens in blocks (0, 1); fork 1 has written a token: copy 1 -> 2 pending."""
-    m = BlockManager(6, 2)
+    m = BlockManager(6, 2, enable_prefix_caching=True)  # full blocks are named
     m.add_sequence(0, [])
     m.append_slots(0, [1, 2, 3])
     m.take_copies()

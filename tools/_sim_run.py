@@ -17,6 +17,11 @@ Three policies share the scheduler code and the pool's bytes:
   slots from admission to finish, the pre-paging contiguous reservation.
 * ``paged``: :class:`~spec.scheduler.ContinuousScheduler` on 16-token blocks.
 
+A hybrid model (one with a fixed-size state per sequence, ``ModelCost.state_bytes``)
+runs over two KV cache groups, full attention and the state
+(:mod:`spec.kv_groups`): its pool's bytes hold ``max_num_seqs`` state slots
+(every seat has one) and the blocks the rest pays for (``pool_tokens``).
+
 Two switches serve the lessons on admission control and chunked prefill:
 ``admission_blocks`` puts a front door before the scheduler that rejects a
 request at arrival, with a :class:`~spec.errors.CapacityError`, when the
@@ -37,6 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from spec.block_manager import cdiv
+from spec.cache_manager import FIXED_STATE, FULL_ATTENTION
 from spec.errors import CapacityError
 from spec.metrics import RequestTimeline, StepStats
 from spec.request import Request
@@ -82,6 +88,7 @@ class EngineConfig:
             max_model_len=self.max_model_len,
             max_chunk_tokens=self.max_chunk_tokens,
             policy=self.policy,
+            kv_groups=(FULL_ATTENTION, FIXED_STATE) if self.model.state_bytes else (),
         )
         return StaticScheduler(config) if policy == "static" else ContinuousScheduler(config)
 

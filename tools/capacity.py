@@ -3,7 +3,10 @@
 Run ``python -m tools.capacity`` for the seeds' two worked examples, or pick a
 preset and override any number (``--help``). The arithmetic is
 :mod:`spec.kv_budget`'s; this module adds model presets, a device budget and a
-report.
+report. For a model with more than one kind of memory (a fixed per-sequence
+state, sliding-window layers) the report also runs the spec's own allocator,
+:class:`spec.cache_manager.CacheManager` over the model's KV cache groups,
+admitting sequences until one does not fit (:mod:`tools._capacity_alloc`).
 
 A Llama-3.1-8B-class model costs 128 KiB of KV per token, and a 200-token
 request inside a 4,096-token contiguous reservation wastes over 95% of it:
@@ -24,6 +27,19 @@ maximum reservation but ten 32,768-token sessions of 2,192 MiB (2 GiB of KV plus
 (64, 16)
 >>> r.paged_seq_bytes // MIB, r.contiguous_fit, r.paged_fit
 (2192, 1, 10)
+
+The spec's allocator agrees: a state pool of one slot and 23,715 blocks holds
+one maximum reservation; ten slots and 22,419 blocks hold ten sessions.
+
+>>> [(f.sequences, f.state_slots, f.blocks) for f in allocator_fits(PRESETS["hybrid-27b"])]
+[(1, 1, 23715), (10, 10, 22419)]
+
+A Gemma-style model (5 sliding-window layers of 1,024 tokens per global
+layer) fits many more sequences once its windows release their blocks:
+
+>>> gemma = PRESETS["gemma-style"]
+>>> allocator_fits(gemma)[-1].sequences, windowless_fit(gemma).sequences
+(18, 4)
 """
 
 from __future__ import annotations
@@ -44,9 +60,19 @@ from spec.kv_budget import (
     sequence_bytes,
     sequences_that_fit,
 )
-from tools._cli import fraction, nonnegative_float, positive_float, positive_int
+from tools._capacity_alloc import AllocatorFit, allocator_fit, group_layout
+from tools._cli import fraction, nonnegative_float, nonnegative_int, positive_float, positive_int
 
-__all__ = ["PRESETS", "Capacity", "ModelKV", "capacity", "format_bytes", "main"]
+__all__ = [
+    "PRESETS",
+    "Capacity",
+    "ModelKV",
+    "allocator_fits",
+    "capacity",
+    "format_bytes",
+    "main",
+    "windowless_fit",
+]
 
 
 @dataclass(frozen=True)
@@ -54,7 +80,8 @@ class ModelKV:
     """A model's KV geometry, its fixed per-sequence state, and a seed scenario to size.
 
     ``num_layers`` counts only the layers that cache K and V (a hybrid model's
-    linear-attention layers keep ``state_bytes`` per sequence instead).
+    ``state_layers`` linear-attention layers keep ``state_bytes`` per sequence
+    instead); ``window_layers`` of them see only the last ``window`` tokens.
     """
 
     name: str
@@ -68,6 +95,14 @@ class ModelKV:
     pool_bytes: int = 0  # KV memory left on the device after weights and reserve
     block_size: int = 16
     weights_bytes: int = 0  # the weights, taken from a device budget (``--device-gb``)
+    window_layers: int = 0  # layers with a sliding window of ``window`` tokens
+    window: int | None = None
+    state_layers: int = 0  # the layers whose state ``state_bytes`` is (for the report)
+
+    @property
+    def has_groups(self) -> bool:
+        """Whether the model keeps more than one kind of memory (state, windows)."""
+        return bool(self.state_bytes or self.window_layers)
 
 
 # An H200 (141 GB) at 90% memory utilization, less 16 GB of bf16 weights.
@@ -82,15 +117,26 @@ PRESETS: dict[str, ModelKV] = {
     "hybrid-27b": ModelKV(
         "hybrid-27b", num_layers=16, num_kv_heads=4, head_dim=256, dtype_bytes=2,
         state_bytes=144 * MIB, context=32_768, max_len=262_144, pool_bytes=23_859 * MIB,
-        weights_bytes=54 * 10**9,
+        weights_bytes=54 * 10**9, state_layers=48,
+    ),
+    "gemma-style": ModelKV(
+        "gemma-style", num_layers=48, num_kv_heads=4, head_dim=128, dtype_bytes=2,
+        context=16_384, max_len=65_536, pool_bytes=6 * GIB, weights_bytes=24 * 10**9,
+        window_layers=40, window=1024,
     ),
 }  # fmt: skip
-"""The seeds' models, each with its own weights (16 GB and 54 GB in bf16).
+"""The seeds' models, each with its own weights (16 GB and 54 GB in bf16), and a windowed one.
 
 The 27B's 4 KV heads x 256 is one split of its 64 KiB per token; its preset pool
 is the seeds' 23,859 MiB, what an 80 GB device leaves after the weights and a
 runtime reserve. ``--device-gb`` recomputes the pool from the preset's weights.
+``gemma-style`` is illustrative, not a published model: Gemma 3's pattern of
+five 1,024-token sliding-window layers per global layer, on 48 layers of 4 KV
+heads x 128 in bf16, with a 6 GiB pool.
 """
+
+DEFAULT_MODELS = ("llama-3.1-8b", "hybrid-27b")
+"""What ``python -m tools.capacity`` prints with no ``--model``: the seeds' two examples."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +203,18 @@ def capacity(
     )
 
 
+def allocator_fits(model: ModelKV) -> list[AllocatorFit]:
+    """The spec's allocator at ``context`` tokens, after ``max_len`` (a reservation's worth,
+    whose sequences the state pool limits) when the model has a fixed-size state."""
+    lengths = (model.max_len, model.context) if model.state_bytes else (model.context,)
+    return [allocator_fit(model, n) for n in lengths]
+
+
+def windowless_fit(model: ModelKV) -> AllocatorFit:
+    """The spec's allocator at ``context`` tokens with every window keeping all its blocks."""
+    return allocator_fit(model, model.context, release=False)
+
+
 def format_bytes(n: int) -> str:
     """``n`` bytes in a binary unit a reader can take in at a glance.
 
@@ -179,8 +237,31 @@ def format_bytes(n: int) -> str:
     return f"{n:,} B"
 
 
-def report(c: Capacity) -> str:
-    """The human-readable table ``python -m tools.capacity`` prints."""
+def _allocator_rows(model: ModelKV) -> list[tuple[str, str]]:
+    """The spec allocator's lines: each scenario's fit and how the pools were split."""
+    layout = group_layout(model)
+    rows = [("KV cache groups", layout.describe(model))]
+    fits = allocator_fits(model)
+    for fit in fits:
+        pools = f"{fit.blocks:,} blocks of {format_bytes(fit.block_bytes)}"
+        if fit.state_slots:
+            slots = "slot" if fit.state_slots == 1 else "slots"
+            pools = f"{fit.state_slots:,} state {slots} + {pools}"
+        rows.append((f"allocator, {fit.context:,} tokens", f"{fit.sequences:,} fit: {pools}"))
+    if model.window_layers:
+        whole = windowless_fit(model)
+        gain = f"{fits[-1].sequences / whole.sequences:.1f}x" if whole.sequences else "all"
+        rows.append(
+            ("windows kept whole", f"{whole.sequences:,} fit: releasing fits {gain} as many")
+        )
+    return rows
+
+
+def report(c: Capacity, model: ModelKV | None = None) -> str:
+    """The human-readable table ``python -m tools.capacity`` prints.
+
+    With ``model`` (a hybrid or windowed one), the spec allocator's lines follow.
+    """
     rows = [
         ("KV per token", format_bytes(c.kv_bytes_per_token)),
         (f"KV per block (B={c.block_size})", format_bytes(c.bytes_per_block)),
@@ -199,6 +280,8 @@ def report(c: Capacity) -> str:
             f"{c.contiguous_waste:.1%} (a {c.context:,}-token sequence in {c.max_len:,} slots)",
         ),
     ]
+    if model is not None and model.has_groups:
+        rows += _allocator_rows(model)
     width = max(len(k) for k, _ in rows)
     return "\n".join([f"== {c.model}"] + [f"{k:<{width}}  {v}" for k, v in rows])
 
@@ -214,6 +297,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=positive_int, help="tokens a sequence actually holds")
     p.add_argument("--max-len", type=positive_int, help="tokens a contiguous allocator reserves")
     p.add_argument("--block-size", type=positive_int)
+    p.add_argument("--window", type=positive_int, help="sliding window of the windowed layers")
+    p.add_argument("--window-layers", type=nonnegative_int, help="layers with a sliding window")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--pool-mib", type=nonnegative_float, help="KV pool size, MiB")
     budget.add_argument(
@@ -251,8 +336,14 @@ def _model_from_args(base: ModelKV, a: argparse.Namespace) -> ModelKV:
     elif a.device_gb is not None:
         pool = _pool_from_device(base, a)
     state = base.state_bytes if a.state_mib is None else int(a.state_mib * MIB)
+    window_layers = _pick(a.window_layers, base.window_layers)
+    window = base.window if a.window is None else a.window
+    if window_layers and window is None:
+        raise ValueError(f"{base.name}: --window-layers {window_layers} needs a --window")
     return replace(
         base,
+        window_layers=window_layers,
+        window=window if window_layers else None,
         num_layers=_pick(a.layers, base.num_layers),
         num_kv_heads=_pick(a.kv_heads, base.num_kv_heads),
         head_dim=_pick(a.head_dim, base.head_dim),
@@ -269,18 +360,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the capacity of each chosen preset (default: every preset)."""
     args = _parser().parse_args(argv)
     try:
-        results = [
-            capacity(_model_from_args(PRESETS[name], args))
-            for name in (args.model or list(PRESETS))
-        ]
+        models = [_model_from_args(PRESETS[name], args) for name in args.model or DEFAULT_MODELS]
+        results = [(m, capacity(m)) for m in models]
+        if args.json:
+            print(json.dumps([_json(m, r) for m, r in results], indent=2))
+        else:
+            print("\n\n".join(report(r, m) for m, r in results))
     except (ValueError, SpecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps([asdict(r) | {"gain": r.gain} for r in results], indent=2))
-    else:
-        print("\n\n".join(report(r) for r in results))
     return 0
+
+
+def _json(model: ModelKV, r: Capacity) -> dict[str, object]:
+    out: dict[str, object] = asdict(r) | {"gain": r.gain}
+    if model.has_groups:
+        fits = [asdict(f) for f in allocator_fits(model)]
+        out["allocator"] = {"groups": group_layout(model).describe(model), "fits": fits}
+        if model.window_layers:
+            out["allocator"] |= {"windows_kept_whole": asdict(windowless_fit(model))}  # type: ignore[operator]
+    return out
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ engine executes that decision on a :class:`spec.backend.Backend`, in the order
 5. sample one token per :class:`spec.scheduler.SampleSlot` and ``update``.
 
 No Backend method beyond the contract is needed: swapping is reads and writes.
+
+Beam search, where beams fork and die every step, runs the same order of
+execution over the memory side directly (:mod:`tools.beam_search`; ``python
+-m tools.engine_demo --beams 4``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,13 @@ tiny model on a paged KV cache small enough to force preemption, prints the
 metrics per request class, then runs every sample alone with contiguous
 attention and prints ``identical to unbatched: K/K requests``. Exits 1 if any
 request differs. ``--baseline`` also runs the static-batching scheduler.
+
+``python -m tools.engine_demo --beams K`` runs beam search of width ``K``
+instead (:mod:`tools.beam_search`): a 20-token prompt, ``--steps`` tokens,
+16-token blocks unless ``--block-size`` says otherwise. It prints the
+blocks held at every step against full clones of every beam, then runs a
+plain beam search with contiguous attention and prints ``identical to
+contiguous beam search: K/K``. Exits 1 if any beam differs.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from collections.abc import Sequence
 import torch
 
 from spec.errors import CapacityError
+from spec.kv_budget import cdiv
 from spec.metrics import format_table
 from spec.request import Request
 from spec.scheduler import ContinuousScheduler, SchedulerConfig, StaticScheduler
 from tools._cli import positive_int
+from tools.beam_search import contiguous_beam_search, format_steps, paged_beam_search
 from tools.engine import Engine, make_backend
 from tools.tiny_model import TinyModel, generate_alone
 
@@ -82,13 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=positive_int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-blocks", type=positive_int, default=40)
-    parser.add_argument("--block-size", type=positive_int, default=8)
+    parser.add_argument("--block-size", type=positive_int, help="default 8; 16 with --beams")
     parser.add_argument("--preemption", default="recompute", choices=["recompute", "swap"])
     parser.add_argument("--baseline", action="store_true", help="also run static batching")
+    parser.add_argument("--beams", type=positive_int, help="run beam search of this width")
+    parser.add_argument("--steps", type=positive_int, default=24, help="beam search: tokens")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # tiny matrices: threads only contend
 
     model = TinyModel()
+    if args.beams is not None:
+        return beams(args, model)
+    args.block_size = args.block_size or 8
     requests, arrivals = make_requests(args.requests, args.seed)
     config = SchedulerConfig(
         num_blocks=args.num_blocks,
@@ -119,6 +133,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"request {r.request_id}: batched {got} != alone {alone}")
     print(f"identical to unbatched: {same}/{len(requests)} requests")
     return 0 if same == len(requests) else 1
+
+
+def beams(args: argparse.Namespace, model: TinyModel) -> int:
+    """The beam search demo: blocks per step, then the check against contiguous beam search."""
+    prompt, block_size = tuple(range(100, 120)), args.block_size or 16
+    need = max(args.num_blocks, args.beams * (cdiv(len(prompt) + args.steps, block_size) + 1))
+    found, record = paged_beam_search(
+        model,
+        make_backend(args.backend),
+        prompt,
+        args.beams,
+        args.steps,
+        block_size=block_size,
+        num_blocks=need,
+    )
+    print(
+        f"beam search of width {args.beams} on {args.backend}: a {len(prompt)}-token prompt, "
+        f"{args.steps} tokens, blocks of {block_size}\n"
+    )
+    print(format_steps(record))
+    plain = contiguous_beam_search(model, prompt, args.beams, args.steps)
+    same = sum(a.tokens == b.tokens for a, b in zip(found, plain, strict=True))
+    for i, (a, b) in enumerate(zip(found, plain, strict=True)):
+        if a.tokens != b.tokens:
+            print(f"beam {i}: paged {a.tokens} != contiguous {b.tokens}")
+    print(f"\nidentical to contiguous beam search: {same}/{len(plain)}")
+    return 0 if same == len(plain) == args.beams else 1
 
 
 if __name__ == "__main__":

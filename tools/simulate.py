@@ -14,6 +14,12 @@ rates. It writes ``results.json`` and three PNG figures into ``--out``
   slots that hold a token's KV, averaged over the time in which requests were
   waiting (when memory, not demand, limits the batch).
 
+``--model hybrid-27b`` serves the seeds' hybrid model instead: its clock
+adds the reading and writing of each sequence's fixed-size state, and its
+memory runs through two KV cache groups, the paged full-attention KV and one
+state slot per seat taken out of the pool first (``--max-num-seqs`` seats;
+the default 512 would not leave room for the 144 MiB slots).
+
 The policies, their shared loop and the metrics are in ``tools/_sim_run.py``;
 traffic presets and trace files in ``tools/_sim_traffic.py``.
 """
@@ -63,11 +69,18 @@ class SimConfig:
     timeline_points: int = 400
 
     def engine(self) -> EngineConfig:
+        """The engine; a hybrid model's state slots (one per seat) come out of the pool first."""
         model = MODEL_PRESETS[self.model]
+        kv_bytes = int(self.kv_pool_gib * GIB) - self.max_num_seqs * model.state_bytes
+        if kv_bytes <= 0:
+            raise ValueError(
+                f"{self.model}: {self.max_num_seqs} state slots of {model.state_bytes:,} bytes "
+                f"fill a {self.kv_pool_gib:g} GiB pool: lower --max-num-seqs"
+            )
         return EngineConfig(
             gpu=GPU_PRESETS[self.gpu],
             model=model,
-            pool_tokens=int(self.kv_pool_gib * GIB) // model.kv_bytes_per_token,
+            pool_tokens=kv_bytes // model.kv_bytes_per_token,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
@@ -223,6 +236,7 @@ def _parser() -> argparse.ArgumentParser:
         help="requests/s, comma-separated; the last is the main run",
     )
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--model", choices=sorted(MODEL_PRESETS), default=d.model)
     p.add_argument("--kv-pool-gib", type=positive_float, default=d.kv_pool_gib)
     p.add_argument("--block-size", type=positive_int, default=d.block_size)
     p.add_argument("--max-model-len", type=positive_int, default=d.max_model_len)
@@ -257,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             num_requests=args.num_requests,
             rates=args.rates,
             seed=args.seed,
+            model=args.model,
             kv_pool_gib=args.kv_pool_gib,
             block_size=args.block_size,
             max_model_len=args.max_model_len,

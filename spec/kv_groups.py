@@ -1,0 +1,273 @@
+"""KV cache groups: a model's memory as groups of layers, each with its own lifecycle.
+
+A hybrid model does not keep one kind of memory. Each group of layers keeps
+the kind its attention needs, and the memory side (:mod:`spec.cache_manager`)
+keeps one table (or one slot) per sequence per group:
+
+* **full attention**: paged blocks that grow with the sequence, one block
+  per ``B`` tokens, all kept until the sequence ends;
+* **sliding window** of ``w`` tokens: paged blocks, but a block wholly older
+  than the window of every query still to run is released as the sequence
+  advances (:class:`~spec.block_manager.BlockManager` with ``window=w``), so
+  a decoding sequence holds at most ``ceil(w / B) + 1`` blocks however long it
+  grows;
+* **fixed-size state** (linear attention, DeltaNet, Mamba): one state slot
+  per sequence, whatever its length, from a separate :class:`StatePool`;
+  taken at admission, freed at finish, copied on fork (a fork needs its own
+  state to continue), dropped on preemption by recompute or swapped to a
+  host slot, and never shared through the prefix cache, since the state after
+  a prefix is not kept.
+
+The paged groups share one pool of blocks; the state slots are a second pool
+with a different lifecycle. Why, and what each costs in bytes, is in
+:mod:`spec.cache_manager`.
+
+>>> groups = (FULL_ATTENTION, sliding_window(1024), FIXED_STATE)
+>>> [g.name for g in groups]
+['full attention', 'sliding window 1024', 'fixed-size state']
+>>> [g.paged for g in groups]
+[True, True, False]
+
+A state pool hands out slots; a fork gets its own slot and a pending copy of
+the parent's state, which pins the parent's slot until the step's layout
+takes the copy:
+
+>>> states = StateManager(StatePool(3))
+>>> states.add(0)
+0
+>>> states.fork(0, 1); states.slot(1), states.pending_copies()
+(1, ((0, 1),))
+>>> states.free(0); states.pool.num_free          # slot 0 is still read by the copy
+1
+>>> states.take_copies(), states.pool.num_free
+([(0, 1)], 2)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from spec.errors import (
+    ArgumentValueError,
+    DoubleFreeError,
+    DuplicateSequenceError,
+    OutOfBlocksError,
+    UnknownBlockError,
+    UnknownSequenceError,
+)
+from spec.validate import check_choice, check_int
+
+__all__ = [
+    "FIXED_STATE",
+    "FULL_ATTENTION",
+    "KVCacheGroup",
+    "StateManager",
+    "StatePool",
+    "sliding_window",
+]
+
+GroupKind = Literal["full", "window", "state"]
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """A group's kind of memory: ``"full"``, ``"window"`` (``window`` tokens), ``"state"``."""
+
+    kind: GroupKind
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("kind", self.kind, ("full", "window", "state"))
+        if self.kind == "window":
+            object.__setattr__(self, "window", check_int("window", self.window, low=1))
+        elif self.window is not None:
+            raise ArgumentValueError(
+                f"window is only for a sliding-window group, got kind {self.kind!r}"
+            )
+
+    @property
+    def name(self) -> str:
+        """How messages and reports name the group."""
+        if self.kind == "window":
+            return f"sliding window {self.window}"
+        return "full attention" if self.kind == "full" else "fixed-size state"
+
+    @property
+    def paged(self) -> bool:
+        """Whether the group keeps block tables (full attention, sliding window)."""
+        return self.kind != "state"
+
+
+FULL_ATTENTION = KVCacheGroup("full")
+"""Paged blocks that grow with the sequence: today's behaviour, the default group."""
+
+FIXED_STATE = KVCacheGroup("state")
+"""One fixed-size state slot per sequence (linear attention, DeltaNet, Mamba)."""
+
+
+def sliding_window(window: int) -> KVCacheGroup:
+    """Paged blocks of a sliding window of ``window`` tokens, released as the sequence advances."""
+    return KVCacheGroup("window", window)
+
+
+class StatePool:
+    """``num_slots`` fixed-size state slots: a free list and reference counts.
+
+    A slot's holders are its sequence and the pending fork copies that read
+    it. Invariant: ``num_free + num_held == num_slots``.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = check_int("num_state_slots", num_slots, low=0)
+        self._refs = [0] * self.num_slots
+        self._free: deque[int] = deque(range(self.num_slots))
+        self.num_allocation_failures = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_held(self) -> int:
+        return self.num_slots - self.num_free
+
+    def allocate(self) -> int:
+        """Take a slot (reference count 1), or raise and take none."""
+        if not self._free:
+            self.num_allocation_failures += 1
+            raise OutOfBlocksError(f"state pool: all {self.num_slots} state slots are held")
+        slot = self._free.popleft()
+        self._refs[slot] = 1
+        return slot
+
+    def incref(self, slot: int) -> None:
+        s = self._slot(slot)
+        if not self._refs[s]:
+            raise DoubleFreeError(f"state slot {s} is free: allocate it, do not share it")
+        self._refs[s] += 1
+
+    def decref(self, slot: int) -> None:
+        s = self._slot(slot)
+        if not self._refs[s]:
+            raise DoubleFreeError(f"state slot {s} is already free")
+        self._refs[s] -= 1
+        if not self._refs[s]:
+            self._free.append(s)
+
+    def check_integrity(self, holders: dict[int, int]) -> None:
+        """Assert reference counts equal ``holders`` and every unheld slot is free, once."""
+        free = set(self._free)
+        assert len(free) == len(self._free), "a state slot appears twice in the free list"
+        for s in range(self.num_slots):
+            assert self._refs[s] == holders.get(s, 0), (
+                f"state slot {s}: reference count {self._refs[s]}, but {holders.get(s, 0)} holders"
+            )
+            assert (s in free) == (self._refs[s] == 0), f"state slot {s} is lost"
+
+    def _slot(self, slot: object) -> int:
+        s = check_int("slot", slot)
+        if not 0 <= s < self.num_slots:
+            raise UnknownBlockError(
+                f"slot must be a state slot in 0..{self.num_slots - 1}, got {s}"
+            )
+        return s
+
+
+class StateManager:
+    """Which state slot each sequence holds, and the fork copies the next step must execute.
+
+    Invariant: every sequence it holds has exactly one slot, and no two share one.
+    Like copy-on-write copies, a fork's state copy ``(src, dst)`` is recorded
+    and executed by the engine before the step's forward pass; until the
+    layout takes it, it holds a reference to ``src``.
+    """
+
+    def __init__(self, pool: StatePool) -> None:
+        self.pool = pool
+        self._slots: dict[int, int] = {}
+        self._copies: dict[int, int] = {}  # dst -> src, oldest first
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._slots
+
+    def sequence_ids(self) -> list[int]:
+        return list(self._slots)
+
+    def slot(self, seq_id: int) -> int:
+        return self._slots[self._held(seq_id)]
+
+    def pending_copies(self) -> tuple[tuple[int, int], ...]:
+        return tuple((src, dst) for dst, src in self._copies.items())
+
+    def source(self, seq_id: int) -> int:
+        """The slot that holds the sequence's state right now: its own, or, while a fork's copy
+        into it is pending, that copy's source (a swap-out reads it before any copy runs)."""
+        slot = self.slot(seq_id)
+        return self._copies.get(slot, slot)
+
+    def add(self, seq_id: int) -> int:
+        """Give a new sequence a slot (its state starts empty: its first position is 0)."""
+        sid = self._new(seq_id)
+        self._slots[sid] = self.pool.allocate()
+        return self._slots[sid]
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """Give ``child_id`` a slot of its own and record the copy of the parent's state into it.
+
+        A parent forked in this same step has a pending copy into its own
+        slot: the child copies from that copy's source, which holds the same
+        state, so that no slot is both a source and a destination.
+        """
+        src = self._slots[self._held(parent_id)]
+        src = self._copies.get(src, src)
+        cid = self._new(child_id)
+        dst = self.pool.allocate()
+        self.pool.incref(src)
+        self._slots[cid] = dst
+        self._copies[dst] = src
+
+    def free(self, seq_id: int) -> None:
+        """Drop a sequence's slot (and a pending copy into it: nobody will read it)."""
+        slot = self._slots.pop(self._held(seq_id))
+        src = self._copies.pop(slot, None)
+        if src is not None:
+            self.pool.decref(src)
+        self.pool.decref(slot)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Hand over the pending state copies ``(src, dst)`` and release their sources."""
+        copies = list(self.pending_copies())
+        self._copies = {}
+        for src, _ in copies:
+            self.pool.decref(src)
+        return copies
+
+    def check_integrity(self, live: Iterable[int] | None = None) -> None:
+        """Assert one slot per sequence, distinct, copies into held slots; with ``live``, that
+        exactly those sequences hold a slot."""
+        slots = list(self._slots.values())
+        assert len(set(slots)) == len(slots), f"two sequences share a state slot: {self._slots}"
+        if live is not None:
+            assert set(live) == set(self._slots), (
+                f"sequences {sorted(live)} hold KV, but {sorted(self._slots)} hold state slots"
+            )
+        holders = dict.fromkeys(slots, 1)
+        for dst, src in self._copies.items():
+            assert dst in holders, f"pending state copy into slot {dst}, which nobody holds"
+            holders[src] = holders.get(src, 0) + 1
+        self.pool.check_integrity(holders)
+
+    def _held(self, seq_id: object) -> int:
+        sid = check_int("seq_id", seq_id, low=0)
+        if sid not in self._slots:
+            raise UnknownSequenceError(f"sequence {sid} holds no state slot")
+        return sid
+
+    def _new(self, seq_id: object) -> int:
+        sid = check_int("seq_id", seq_id, low=0)
+        if sid in self._slots:
+            raise DuplicateSequenceError(f"sequence {sid} already holds a state slot")
+        return sid
