@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import doctest
 import xml.etree.ElementTree as ET
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,16 @@ def test_scheduler_loop_admits_runs_and_finishes() -> None:
     assert sorted(admitted) == sorted(finished) == list(range(n))
     assert any(len(s.admitted) and len(s.finished) for s in steps)  # a seat refilled at once
     assert steps[-1].used_blocks > 0 and len(steps) < len(run_loop(StaticScheduler))
+
+
+def test_static_loop_waits_to_fill_then_times_out() -> None:
+    """What docs/scheduler.md says of the picture: step 0 idles (two of three seats); r2 fills
+    the batch; r3, arriving meanwhile, waits for the whole batch, then starts with r4 on its
+    timeout."""
+    k = tools.diagrams.STATIC_WAIT_STEPS
+    steps = run_loop(partial(StaticScheduler, max_wait_steps=k))
+    assert k == 3 and all(cell[0] == "wait" for cell in steps[0].cells.values())
+    assert [s.admitted for s in steps[:3]] == [(), (0, 1), (2,)]
+    start = next(i for i, s in enumerate(steps) if s.admitted == (3, 4))
+    last_of_first = max(i for i, s in enumerate(steps) if set(s.finished) & {0, 1, 2})
+    assert start == last_of_first + 1 and start - tools.diagrams.LOOP_REQUESTS[3][0] > k

@@ -23,7 +23,7 @@ import tools.simulate
 from spec.errors import CapacityError
 from spec.metrics import RequestTimeline
 from spec.request import Request
-from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS, step_seconds
+from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS, idle_step_seconds, step_seconds
 from tools._sim_heap import FirstFitHeap, replay
 from tools._sim_run import POLICIES, EngineConfig, admission_error, run
 from tools._sim_traffic import (
@@ -39,7 +39,7 @@ from tools.simulate import SimConfig, main, simulate, write_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_RESULTS = ROOT / "docs" / "assets" / "simulate" / "results.json"
-SMALL = SimConfig(num_requests=60, rates=(8.0, 96.0), kv_pool_gib=1.0, member_steps=50)
+SMALL = SimConfig(num_requests=60, rates=(8.0, 96.0), kv_pool_gib=1.0, member_seconds=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,11 @@ def test_results_fields(small: dict[str, Any]) -> None:
         assert len(small["sweep"]["runs"][policy]) == 2
         tl = small["timelines"][policy]
         assert len(tl["t"]) == len(tl["kv_util"]) == len(tl["batch"]) > 10
-    assert set(small["membership"]) == {"static", "paged"}
+    assert set(small["membership"]) == {"static", "static-eager", "paged"}
+    for policy, by_request in small["membership"].items():
+        runs = [run for rs in by_request.values() for run in rs]
+        assert runs and all(0 <= a < b for a, b in runs), policy  # seconds, each a step or more
+        assert min(a for a, _ in runs) < SMALL.member_seconds, policy
 
 
 def test_continuous_beats_static_and_paging_packs_tighter(small: dict[str, Any]) -> None:
@@ -75,7 +79,9 @@ def test_continuous_beats_static_and_paging_packs_tighter(small: dict[str, Any])
     assert s["continuous_over_static_throughput"] > 1.5, s
     assert s["scheduling_gain"] > 1.0 and s["memory_gain"] > 1.0, s
     assert s["paged_kv_utilization"] >= s["contiguous_kv_utilization"], s
-    assert runs["static"]["preemptions"] == 0  # static forms batches by their worst case
+    for static in ("static", "static-eager"):  # batches formed by their worst case never preempt
+        assert runs[static]["preemptions"] == 0, static
+    assert runs["static-eager"]["idle_steps"] == runs["paged"]["idle_steps"] == 0
     assert runs["contiguous"]["block_size"] == SMALL.max_model_len
 
 
@@ -162,7 +168,7 @@ def test_cli_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_worker_processes_give_the_same_results() -> None:
-    tiny = SimConfig(num_requests=12, rates=(50.0,), kv_pool_gib=0.5, member_steps=10)
+    tiny = SimConfig(num_requests=12, rates=(50.0,), kv_pool_gib=0.5, member_seconds=0.2)
     assert simulate(tiny, jobs=2) == simulate(tiny, jobs=1)
 
 
@@ -191,6 +197,23 @@ def test_docs_figures_come_from_this_code() -> None:
     assert paged >= 0.96, f"paged KV utilization {paged:.1%} on the ShareGPT-like preset"
     for name in ("rate_sweep.png", "kv_utilization.png", "batch_membership.png"):
         assert (DOCS_RESULTS.parent / name).stat().st_size > 10_000, name
+
+
+def test_static_batch_waits_to_fill_on_an_idle_clock() -> None:
+    """The seeds' static batching idles, one tick a step, until its batch fills or times out."""
+    engine = replace(TINY, max_num_seqs=2, static_wait_steps=50)
+    tick = idle_step_seconds(engine.gpu, engine.model)
+    pair = [TraceRequest(0.0, 10, 3), TraceRequest(0.1, 10, 3)]  # the second fills the batch
+    _, tl = run("static", pair, engine)
+    ticks = math.ceil(0.1 / tick)  # the second is seen at the first tick after it arrives
+    assert ticks < 50 and tl.idle_steps == ticks and tl.idle_s == pytest.approx(ticks * tick)
+    assert [tl.requests[r].first_scheduled_step for r in (0, 1)] == [ticks, ticks]
+    _, alone = run("static", pair[:1], engine)  # never full: it starts when it has waited 50
+    assert alone.idle_steps == 50 and alone.requests[0].first_scheduled_step == 50
+    assert alone.end[49] == pytest.approx(50 * tick) and alone.batch[:50] == [0] * 50
+    _, eager = run("static-eager", pair, engine)  # takes whoever is waiting: request 0 alone
+    assert eager.idle_steps == 0 and eager.requests[0].first_scheduled_step == 0
+    assert eager.requests[1].first_scheduled_step == eager.requests[0].finish_step + 1
 
 
 # -- the lessons' switches: admission control, chunking, request classes, fragmentation --

@@ -119,3 +119,13 @@ def step_seconds(gpu: Gpu, model: ModelCost, work: Iterable[tuple[int, int]]) ->
 def ridge_batch(gpu: Gpu, model: ModelCost) -> float:
     """Tokens per step at which the weights' arithmetic takes as long as streaming them."""
     return model.weight_bytes / gpu.hbm_bytes_per_s * gpu.flops_per_s / (2 * model.params)
+
+
+def idle_step_seconds(gpu: Gpu, model: ModelCost) -> float:
+    """How long a step that computes nothing lasts: the shortest real step, one decode token.
+
+    A static batch waiting to fill runs such steps; the engine looks at its queue
+    once a tick. Tying the tick to a lone decode step (the weights' streaming time)
+    makes a step of waiting last about as long as a step of a small batch.
+    """
+    return step_seconds(gpu, model, [(1, 1)])

@@ -3,15 +3,35 @@
 The loop is the engine's, with the forward pass replaced by its cost: submit
 every request that has arrived, ask the scheduler for a step, advance the
 clock by :func:`step_seconds` of that step's work, and report one sampled
-token per sample slot. A request generates token ``1`` until its trace output
-length, then the stop token ``0``; its ``max_new_tokens`` is the most the
-model's context allows, because a server does not know output lengths in
-advance (that is what makes reservation wasteful).
+token per sample slot; with nothing unfinished, the clock jumps to the next
+arrival. A request generates token ``1`` until its trace output length, then
+the stop token ``0``; its ``max_new_tokens`` is the most the model's context
+allows, because a server does not know output lengths in advance (that is
+what makes reservation wasteful).
 
-Three policies share the scheduler code and the pool's bytes:
+**Idle steps.** A static batch that waits to fill
+(:meth:`~spec.scheduler.StaticScheduler.waiting_to_fill`) runs steps that
+compute nothing, and its timeout is counted in the scheduler's steps: the
+spec has no clock, and the simulator does not overrule its decision. So that
+the timeout is a time, an idle step lasts a fixed tick,
+:func:`~tools._sim_cost.idle_step_seconds`, as if the engine looked at its
+queue once a tick: the clock runs through such ticks until the next arrival
+(seen at the next tick) or the scheduler's deadline starts the batch,
+whichever comes first. The tick is the shortest real step (one decode token
+of one sequence, the weights' streaming time: 3.3 ms for the 8B), and a small
+batch decodes at that same flat rate, so a step of waiting lasts about as
+long whether the engine idles or runs a small batch: a timeout of ``K``
+steps is about ``K`` ticks from the head request's arrival.
 
-* ``static``: :class:`~spec.scheduler.StaticScheduler` on 16-token blocks: a batch
-  forms, runs to completion, and only then does the next one form.
+Four policies share the scheduler code and the pool's bytes:
+
+* ``static``: the seeds' static batching, :class:`~spec.scheduler.StaticScheduler`
+  on 16-token blocks with ``max_wait_steps=static_wait_steps``: a batch waits
+  until it is full (every seat taken, or the next request would not fit the
+  pool at its worst case) or its head request has waited that many steps,
+  then runs to completion, and only then does the next one form.
+* ``static-eager``: the same with ``max_wait_steps=0``: a batch starts with
+  whoever is waiting the moment the last one ends, never idling.
 * ``contiguous``: :class:`~spec.scheduler.ContinuousScheduler` whose block size
   is the maximum model length: every sequence holds one slab of that many
   slots from admission to finish, the pre-paging contiguous reservation.
@@ -47,10 +67,10 @@ from spec.errors import CapacityError
 from spec.metrics import RequestTimeline, StepStats
 from spec.request import Request
 from spec.scheduler import ContinuousScheduler, Scheduler, SchedulerConfig, StaticScheduler
-from tools._sim_cost import Gpu, ModelCost, step_seconds
+from tools._sim_cost import Gpu, ModelCost, idle_step_seconds, step_seconds
 from tools._sim_traffic import TraceRequest
 
-POLICIES = ("static", "contiguous", "paged")
+POLICIES = ("static", "static-eager", "contiguous", "paged")
 STOP, TOKEN = 0, 1
 
 
@@ -69,6 +89,8 @@ class EngineConfig:
     admission_blocks: int | None = None  # the front door's cap; None: admit everything
     policy: Literal["fcfs", "priority"] = "fcfs"
     class_priority: tuple[tuple[str, int], ...] = ()  # (class, priority); smaller runs first
+    aging_steps: int = 100  # priority policy: steps of waiting worth one priority level
+    static_wait_steps: int = 300  # ``static``: steps a batch may wait to fill (8B: 1 s idle)
 
     def scheduler(self, policy: str) -> Scheduler:
         """A fresh scheduler of ``policy`` over this pool."""
@@ -88,9 +110,12 @@ class EngineConfig:
             max_model_len=self.max_model_len,
             max_chunk_tokens=self.max_chunk_tokens,
             policy=self.policy,
+            aging_steps=self.aging_steps,
             kv_groups=(FULL_ATTENTION, FIXED_STATE) if self.model.state_bytes else (),
         )
-        return StaticScheduler(config) if policy == "static" else ContinuousScheduler(config)
+        if policy == "static":
+            return StaticScheduler(config, max_wait_steps=self.static_wait_steps)
+        return StaticScheduler(config) if policy == "static-eager" else ContinuousScheduler(config)
 
 
 @dataclass
@@ -105,7 +130,9 @@ class Timeline:
     held_slots: list[int] = field(default_factory=list)  # slots of blocks held by sequences
     tail_waste: list[int] = field(default_factory=list)  # held slots that hold no token
     running: list[int] = field(default_factory=list)  # sequences holding blocks
-    members: dict[int, list[list[int]]] = field(default_factory=dict)  # request -> step runs
+    idle_steps: int = 0  # steps a static batch spent waiting to fill
+    idle_s: float = 0.0  # their time
+    members: dict[int, list[list[float]]] = field(default_factory=dict)  # request -> (start, end) s
     requests: dict[int, RequestTimeline] = field(default_factory=dict)  # spec.metrics, at the end
     rejections: dict[int, str] = field(default_factory=dict)  # request -> the front door's error
 
@@ -118,18 +145,19 @@ def run(
     trace: Sequence[TraceRequest],
     engine: EngineConfig,
     *,
-    member_steps: int = 0,
+    member_seconds: float = 0.0,
     progress: Progress | None = None,
 ) -> tuple[dict[str, Any], Timeline]:
     """Serve ``trace`` under ``policy``; return its metrics and per-step timeline.
 
-    ``member_steps``: record which requests are in the batch during that many first steps.
+    ``member_seconds``: record which requests are in the batch in the steps that
+    start in that many first seconds (``Timeline.members``).
     """
     sched = engine.scheduler(policy)
+    tick = idle_step_seconds(engine.gpu, engine.model)
     clock, nxt, done = 0.0, 0, 0
     tl = Timeline()
     last_report = time.monotonic()
-    slots = sched.config.num_blocks * sched.config.block_size
     queued: dict[int, int] = {}  # submitted, never scheduled: request -> its prompt's blocks
     rejected: dict[int, str] = {}
     while nxt < len(trace) or sched.has_unfinished():
@@ -143,24 +171,20 @@ def run(
                 rejected[nxt] = str(error)
             nxt += 1
         if not sched.has_unfinished():
-            clock = trace[nxt].arrival  # idle: jump to the next arrival
+            clock = trace[nxt].arrival  # nothing to do: jump to the next arrival
             continue
+        idle = isinstance(sched, StaticScheduler) and sched.waiting_to_fill()
         out = sched.step()
         b = out.batch
         work = [(b.query_len(i), b.seq_lens[i]) for i in range(b.num_seqs)]
-        if not work:
+        if not work and not idle:
             raise RuntimeError(f"{policy}: step {out.step} scheduled nothing with work queued")
-        clock += step_seconds(engine.gpu, engine.model, work)
-        stats = sched.metrics.steps[-1]
-        tl.end.append(clock)
-        tl.batch.append(b.num_seqs)
-        tl.kv_util.append(_kv_util(stats, sched.config.block_size, slots))
-        tl.waiting.append(stats.num_waiting)
-        tl.held_slots.append(stats.used_blocks * sched.config.block_size)
-        tl.tail_waste.append(stats.tail_waste)
-        tl.running.append(stats.num_running)
-        if out.step < member_steps:
-            _record_members(tl.members, out.step, b.seq_ids)
+        extended = _record_members(tl.members, clock, b.seq_ids) if clock < member_seconds else []
+        clock += tick if idle else step_seconds(engine.gpu, engine.model, work)
+        tl.idle_steps, tl.idle_s = tl.idle_steps + idle, tl.idle_s + tick * idle
+        _record_step(tl, sched, clock)
+        for member_run in extended:
+            member_run[1] = clock
         for rid in [
             r for r in queued if sched.metrics.timelines[r].first_scheduled_step is not None
         ]:
@@ -172,6 +196,18 @@ def run(
             last_report = time.monotonic()
     tl.requests, tl.rejections = dict(sched.metrics.timelines), rejected
     return _summarize(sched, trace, tl, rejected), tl
+
+
+def _record_step(tl: Timeline, sched: Scheduler, clock: float) -> None:
+    """Append the step that just ended at ``clock`` to the timeline."""
+    stats, block_size = sched.metrics.steps[-1], sched.config.block_size
+    tl.end.append(clock)
+    tl.batch.append(stats.num_seqs)
+    tl.kv_util.append(_kv_util(stats, block_size, sched.config.num_blocks * block_size))
+    tl.waiting.append(stats.num_waiting)
+    tl.held_slots.append(stats.used_blocks * block_size)
+    tl.tail_waste.append(stats.tail_waste)
+    tl.running.append(stats.num_running)
 
 
 def admission_error(
@@ -214,17 +250,22 @@ def _next_token(position: int, r: TraceRequest) -> int:
     return STOP if position + 1 >= r.output_len else TOKEN
 
 
-def _record_members(members: dict[int, list[list[int]]], step: int, seq_ids: Sequence[int]) -> None:
-    """Extend each request's run of consecutive steps, or start a new run ``[step, step]``.
+def _record_members(
+    members: dict[int, list[list[float]]], start: float, seq_ids: Sequence[int]
+) -> list[list[float]]:
+    """Extend each request's run of consecutive steps, or start a new one, at ``start`` (s).
 
-    One sample per request, so sequence ids are request ids (both count submissions).
+    A run is ``[start, end]`` in seconds; return the runs this step extends, whose
+    end the caller sets when the step's time is known. One sample per request, so
+    sequence ids are request ids (both count submissions).
     """
+    extended = []
     for rid in seq_ids:
         runs = members.setdefault(rid, [])
-        if runs and runs[-1][1] == step - 1:
-            runs[-1][1] = step
-        else:
-            runs.append([step, step])
+        if not runs or runs[-1][1] != start:
+            runs.append([start, start])
+        extended.append(runs[-1])
+    return extended
 
 
 def _kv_util(stats: StepStats, block_size: int, slots: int) -> float:
@@ -271,6 +312,8 @@ def _summarize(
         "pressure_time_share": float(durations[pressure].sum() / durations.sum()),
         "mean_batch": float(np.average(tl.batch, weights=durations)),
         "steps": len(ends),
+        "idle_steps": tl.idle_steps,
+        "idle_s": tl.idle_s,
         "preemptions": int(totals["preemptions"]),
         "num_blocks": sched.config.num_blocks,
         "block_size": sched.config.block_size,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from spec.block_manager import BlockManager
@@ -98,13 +99,16 @@ LOOP_REQUESTS = (  # (arrival step, prompt length, tokens to generate)
 )
 
 
-def run_loop(scheduler_cls: type[ContinuousScheduler]) -> list[StepView]:
+def run_loop(make: Callable[[SchedulerConfig], ContinuousScheduler]) -> list[StepView]:
     """Run :data:`LOOP_REQUESTS` through a real scheduler; record each step as a grid column.
+
+    ``make`` builds the scheduler from :data:`LOOP_CONFIG` (a scheduler class, or a
+    ``functools.partial`` of one).
 
     Requests join between steps at their arrival step; one sample each, so a
     request's sequence id is its submission index.
     """
-    sched = scheduler_cls(LOOP_CONFIG)
+    sched = make(LOOP_CONFIG)
     generated: dict[int, int] = {}
     steps: list[StepView] = []
     step = 0
@@ -158,12 +162,19 @@ def scheduler_loop() -> str:
     )
 
 
+STATIC_WAIT_STEPS = 3  # the static loop's timeout: r3 and r4 never fill a batch
+
+
 def static_loop() -> str:
+    """The seeds' static batching on the same requests: a batch waits until it is full (here
+    3 seats) or its first request has waited :data:`STATIC_WAIT_STEPS` steps, then runs to
+    completion before the next one forms."""
     c = LOOP_CONFIG
     return draw_schedule(
-        "StaticScheduler on the same requests: a batch runs to completion before the next",
+        f"Static batching on the same requests: a batch waits to fill ({c.max_num_seqs} seats, "
+        f"at most {STATIC_WAIT_STEPS} steps), then runs to completion",
         _loop_labels(),
-        run_loop(StaticScheduler),
+        run_loop(partial(StaticScheduler, max_wait_steps=STATIC_WAIT_STEPS)),
         c.num_blocks,
     )
 

@@ -1,15 +1,19 @@
 """Simulate serving: static against continuous batching, contiguous against paged KV memory.
 
 ``python -m tools.simulate`` serves one synthetic trace (Poisson arrivals,
-ShareGPT-like lengths) three ways on the spec's own schedulers and block
-manager, timing each step with a roofline model of an 8B model on an
-H200-class GPU (see ``tools/_sim_cost.py``), and does so at several request
-rates. It writes ``results.json`` and three PNG figures into ``--out``
-(default ``out/simulate``) and prints:
+ShareGPT-like lengths) four ways on the spec's own schedulers and block
+manager (static batching as the seeds define it, waiting for a full batch;
+static batching that takes whoever is waiting; continuous batching on
+max-length slabs; continuous batching on paged memory), timing each step
+with a roofline model of an 8B model on an H200-class GPU (see
+``tools/_sim_cost.py``), and does so at several request rates. It writes
+``results.json`` and three PNG figures into ``--out`` (default
+``out/simulate``) and prints:
 
-* the throughput of continuous batching (paged) over static batching, and the
-  split of that gain into scheduling (continuous over static, both reserving
-  the maximum) and memory (paged over contiguous, both continuous);
+* the throughput of continuous batching (paged) over the seeds' static
+  batching, and the split of that gain into scheduling (continuous over
+  static, both reserving the maximum) and memory (paged over contiguous, both
+  continuous);
 * KV utilization of paged against contiguous memory: the share of the pool's
   slots that hold a token's KV, averaged over the time in which requests were
   waiting (when memory, not demand, limits the batch).
@@ -42,7 +46,7 @@ import numpy as np
 from spec.errors import SpecError
 from spec.kv_budget import GIB
 from tools._cli import positive_float, positive_floats, positive_int
-from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS
+from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS, idle_step_seconds
 from tools._sim_run import POLICIES, EngineConfig, Timeline, run
 from tools._sim_scenarios import SCENARIOS
 from tools._sim_traffic import LENGTH_PRESETS, TraceRequest, load_trace, poisson_trace
@@ -65,7 +69,8 @@ class SimConfig:
     max_model_len: int = 2048
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 2048
-    member_steps: int = 1500  # steps of batch membership to record for the figure
+    static_wait_steps: int = 300  # the seeds' static batch waits to fill this many steps at most
+    member_seconds: float = 10.0  # seconds of batch membership to record for the figure
     timeline_points: int = 400
 
     def engine(self) -> EngineConfig:
@@ -85,6 +90,7 @@ class SimConfig:
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            static_wait_steps=self.static_wait_steps,
         )
 
     def trace(self, rate: float) -> list[TraceRequest]:
@@ -112,9 +118,9 @@ def _job(
                 f"  {policy:>10} @ {rate:g}/s: {done}/{total} done, t={clock:.1f}s", file=sys.stderr
             )
 
-    members = cfg.member_steps if main_run else 0
+    members = cfg.member_seconds if main_run else 0.0
     metrics, tl = run(
-        policy, cfg.trace(rate), cfg.engine(), member_steps=members, progress=progress
+        policy, cfg.trace(rate), cfg.engine(), member_seconds=members, progress=progress
     )
     return policy, rate, metrics, tl if main_run else None
 
@@ -124,6 +130,8 @@ def simulate(cfg: SimConfig, *, jobs: int = 1, quiet: bool = True) -> dict[str, 
     if not cfg.rates or min(cfg.rates) <= 0:
         raise ValueError(f"rates must be positive, got {cfg.rates}")
     main_rate = cfg.rates[-1]
+    engine = cfg.engine()
+    tick = idle_step_seconds(engine.gpu, engine.model)
     tasks = [(p, r, cfg, r == main_rate, quiet) for r in reversed(cfg.rates) for p in POLICIES]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -133,7 +141,7 @@ def simulate(cfg: SimConfig, *, jobs: int = 1, quiet: bool = True) -> dict[str, 
     by_key = {(p, r): (m, tl) for p, r, m, tl in done}
     main_runs = {p: by_key[p, main_rate] for p in POLICIES}
     results: dict[str, Any] = {
-        "config": asdict(cfg) | {"pool_tokens": cfg.engine().pool_tokens},
+        "config": asdict(cfg) | {"pool_tokens": engine.pool_tokens, "idle_tick_s": tick},
         "main": {"rate": main_rate, "runs": {p: m for p, (m, _) in main_runs.items()}},
         "sweep": {
             "rates": list(cfg.rates),
@@ -143,8 +151,11 @@ def simulate(cfg: SimConfig, *, jobs: int = 1, quiet: bool = True) -> dict[str, 
             p: _downsample(tl, cfg.timeline_points) for p, (_, tl) in main_runs.items() if tl
         },
         "membership": {
-            p: {str(rid): runs for rid, runs in main_runs[p][1].members.items()}  # type: ignore[union-attr]
-            for p in ("static", "paged")
+            p: {  # to the tenth of a millisecond: the figure's resolution, and a smaller file
+                str(rid): [[round(a, 4), round(b, 4)] for a, b in runs]
+                for rid, runs in main_runs[p][1].members.items()  # type: ignore[union-attr]
+            }
+            for p in ("static", "static-eager", "paged")
         },
     }
     results["summary"] = summary(results)
@@ -210,7 +221,7 @@ def headline(results: dict[str, Any]) -> str:
     for p in POLICIES:
         r = runs[p]
         rows.append(
-            f"  {p:>10}: {r['throughput_tok_s']:>9,.0f} tok/s  TTFT p50/p99 "
+            f"  {p:>12}: {r['throughput_tok_s']:>9,.0f} tok/s  TTFT p50/p99 "
             f"{_num(r['ttft_p50_s'])}/{_num(r['ttft_p99_s'])} s  ITL p50/p99 "
             f"{_num(r['itl_p50_s'], 1e3, 1)}/{_num(r['itl_p99_s'], 1e3, 1)} ms  "
             f"preemptions {r['preemptions']}"
@@ -242,6 +253,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=positive_int, default=d.max_model_len)
     p.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens)
+    p.add_argument(
+        "--static-wait-steps",
+        type=positive_int,
+        default=d.static_wait_steps,
+        help="steps a static batch may wait to fill (an idle step lasts one lone decode step)",
+    )
     p.add_argument("--out", type=Path, default=Path("out/simulate"))
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1))
@@ -277,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            static_wait_steps=args.static_wait_steps,
         )
         cfg.trace(cfg.rates[-1])  # fail early on a bad trace, preset or pool
         for policy in POLICIES:
