@@ -315,6 +315,7 @@ def _summarize(
         "idle_steps": tl.idle_steps,
         "idle_s": tl.idle_s,
         "preemptions": int(totals["preemptions"]),
+        "preemption_steps": sum(s.preemptions > 0 for s in sched.metrics.steps),
         "num_blocks": sched.config.num_blocks,
         "block_size": sched.config.block_size,
         "overall": overall,
