@@ -84,9 +84,11 @@ def admission() -> list[str]:
         first_rejection = first_rejection or tl.rejections.get(min(tl.rejections, default=-1), "")
     header = ["", "served", "rejected", "TTFT p50/p99 s", "queue p50/p99 s", "ITL p99 ms"]
     header += ["preemptions", "tok/s"]
+    offered = sum(r.output_len for r in trace) / trace[-1].arrival
     return [
         f"300 requests at 32/s (ShareGPT-like), KV pool {engine.pool_tokens:,} tokens = "
         f"{blocks} blocks of {engine.block_size}",
+        f"offered load: {offered:,.0f} output tokens/s (the trace's output over its arrivals)",
         "",
         *_table(header, rows),
         "",
