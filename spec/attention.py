@@ -74,10 +74,10 @@ class AttentionVariant:
     ``sinks``: one logit per query head. ``alibi_slopes``: one slope per query head.
     """
 
-    window: int | None = None
-    softcap: float | None = None
-    sinks: tuple[float, ...] | None = None
-    alibi_slopes: tuple[float, ...] | None = None
+    window: int | None = None  # a query sees its last ``window`` positions
+    softcap: float | None = None  # scores become ``c * tanh(s / c)``, ``c > 0`` (Gemma 2)
+    sinks: tuple[float, ...] | None = None  # one extra softmax logit per query head (gpt-oss)
+    alibi_slopes: tuple[float, ...] | None = None  # ``s += slope * (k - p)`` per query head
 
     def __post_init__(self) -> None:
         if self.window is not None:

@@ -87,15 +87,15 @@ class KVGeometry:
     empty means every layer is in group 0.
     """
 
-    num_layers: int
-    num_blocks: int
-    block_size: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str = "float32"
-    kv_dtype: str | None = None
-    kv_scales: tuple[tuple[float, float], ...] = ()
-    layer_groups: tuple[int, ...] = ()
+    num_layers: int  # layers that keep K and V
+    num_blocks: int  # blocks in each layer's K (and V) cache
+    block_size: int  # tokens per block (B)
+    num_kv_heads: int  # KV heads (H_kv); query heads are a multiple
+    head_dim: int  # elements per head (D)
+    dtype: str = "float32"  # the activations' dtype (queries, new K and V, outputs)
+    kv_dtype: str | None = None  # None: the cache stores ``dtype``; else an fp8 format
+    kv_scales: tuple[tuple[float, float], ...] = ()  # per layer (k_scale, v_scale), fp8 only
+    layer_groups: tuple[int, ...] = ()  # each layer's KV cache group; empty: all in group 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
@@ -188,27 +188,27 @@ class Capabilities:
       cannot say (a head dim only in some dtypes, say).
     """
 
-    name: str
-    device: str = "cpu"
-    dtypes: AbstractSet[str] = frozenset(DTYPES)
-    kv_dtypes: AbstractSet[str] = frozenset()
-    block_sizes: AbstractSet[int] | None = None
-    head_dims: AbstractSet[int] | None = None
-    num_kv_heads: AbstractSet[int] | None = None
-    gqa_ratios: AbstractSet[int] | None = None
-    max_gqa_ratio: int | None = None
-    max_num_seqs: int | None = None
-    max_query_len: int | None = None
-    max_context_len: int | None = None
-    decode: bool = True
-    chunked_prefill: bool = True
-    mixed_batches: bool = True
-    copy_on_write: bool = True
-    prefix_caching: bool = True
-    kv_groups: bool = False
-    variants: AbstractSet[str] = frozenset()
-    tensors: str = "numpy"
-    excludes: Excludes | None = field(default=None, compare=False, repr=False)
+    name: str  # how reports name the backend
+    device: str = "cpu"  # where its arrays live ("cpu", "cuda", ...)
+    dtypes: AbstractSet[str] = frozenset(DTYPES)  # activation dtypes it runs
+    kv_dtypes: AbstractSet[str] = frozenset()  # quantized KV dtypes it stores (empty: none)
+    block_sizes: AbstractSet[int] | None = None  # None: any
+    head_dims: AbstractSet[int] | None = None  # None: any
+    num_kv_heads: AbstractSet[int] | None = None  # None: any
+    gqa_ratios: AbstractSet[int] | None = None  # query heads per KV head; None: any
+    max_gqa_ratio: int | None = None  # None: no limit
+    max_num_seqs: int | None = None  # sequences in one call; None: no limit
+    max_query_len: int | None = None  # new tokens of one sequence; 1: decode-only
+    max_context_len: int | None = None  # ``seq_len`` of one sequence; None: no limit
+    decode: bool = True  # one new token after cached context
+    chunked_prefill: bool = True  # several new tokens after cached context
+    mixed_batches: bool = True  # single- and multi-token queries in one call
+    copy_on_write: bool = True  # the fork rules: shared blocks, the step's copies
+    prefix_caching: bool = True  # sequences that start on prefix-cache hits
+    kv_groups: bool = False  # layers in several KV cache groups, one table each
+    variants: AbstractSet[str] = frozenset()  # of spec.attention.VARIANTS
+    tensors: str = "numpy"  # "numpy" (the default contract) or "torch"
+    excludes: Excludes | None = field(default=None, compare=False, repr=False)  # its own veto
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -114,16 +114,16 @@ def check_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> tuple[tu
 class GroupLayout:
     """One more KV cache group's view of a step: its block tables and the slots its layers write."""
 
-    block_tables: tuple[tuple[int, ...], ...]
-    slot_mapping: tuple[int, ...]
+    block_tables: tuple[tuple[int, ...], ...]  # one row per sequence, padded with PAD_BLOCK
+    slot_mapping: tuple[int, ...]  # the slot of each new token, in this group
 
 
 @dataclass(frozen=True)
 class StateLayout:
     """Each row's fixed-size state slot, and the state copies ``(src, dst)`` forks need first."""
 
-    slots: tuple[int, ...]
-    copies: tuple[tuple[int, int], ...] = ()
+    slots: tuple[int, ...]  # the state slot of each batch row
+    copies: tuple[tuple[int, int], ...] = ()  # fork copies of state, done before the step
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,11 @@ class BatchArrays(Generic[A]):
     slot_mapping: A  # int64 [T]
     positions: A  # int64 [T]
     copies: A  # int64 [n, 2]
-    group_tables: tuple[A, ...]
-    group_slots: tuple[A, ...]
-    num_tokens: int
-    max_query_len: int
-    max_seq_len: int
+    group_tables: tuple[A, ...]  # int32 [S, W_g], one per KV cache group
+    group_slots: tuple[A, ...]  # int64 [T], one per KV cache group
+    num_tokens: int  # T
+    max_query_len: int  # the most new tokens of one sequence
+    max_seq_len: int  # the longest context, new tokens included
 
     def map(self, fn: Callable[[A], B]) -> BatchArrays[B]:
         """The same batch with every array converted by ``fn`` (e.g. to device tensors)."""
@@ -168,17 +168,17 @@ class BatchArrays(Generic[A]):
 class BatchMetadata:
     """The flattened layout of one step; see the module docstring for each field."""
 
-    block_size: int
-    seq_ids: tuple[int, ...]
-    query_start_loc: tuple[int, ...]
-    seq_lens: tuple[int, ...]
-    block_tables: tuple[tuple[int, ...], ...]
-    slot_mapping: tuple[int, ...]
-    positions: tuple[int, ...]
-    copies: tuple[tuple[int, int], ...] = ()
-    extra_groups: tuple[GroupLayout, ...] = ()
-    state: StateLayout | None = None
-    _checked: set[tuple[int, int | None]] = field(
+    block_size: int  # tokens per block (B)
+    seq_ids: tuple[int, ...]  # (S) the sequence of each row
+    query_start_loc: tuple[int, ...]  # (S + 1) row i's new tokens: [q[i], q[i + 1])
+    seq_lens: tuple[int, ...]  # (S) context length of each row, new tokens included
+    block_tables: tuple[tuple[int, ...], ...]  # (S x max_blocks) group 0's tables, PAD_BLOCK-padded
+    slot_mapping: tuple[int, ...]  # (T) group 0's slot for each new token's K and V
+    positions: tuple[int, ...]  # (T) each new token's position in its sequence
+    copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (src, dst), before the KV writes
+    extra_groups: tuple[GroupLayout, ...] = ()  # KV cache groups 1, 2, ...
+    state: StateLayout | None = None  # state slots and copies, for fixed-size state layers
+    _checked: set[tuple[int, int | None]] = field(  # memo of validate()
         default_factory=set, init=False, repr=False, compare=False
     )
 

@@ -119,10 +119,10 @@ def slot_range(table: Sequence[int], start: int, end: int, block_size: int) -> l
 
 @dataclass
 class _Sequence:
-    table: list[int] = field(default_factory=list)
+    table: list[int] = field(default_factory=list)  # physical block ids, in logical order
     tokens: list[int] = field(default_factory=list)  # every token that has a slot
     hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks (caching)
-    extra_keys: tuple[Hashable, ...] = ()
+    extra_keys: tuple[Hashable, ...] = ()  # mixed into every block hash (a LoRA adapter, ...)
     num_committed: int = 0  # tokens laid out in a step already: their KV is (being) written
     released: int = 0  # leading table entries a sliding window gave back (PAD_BLOCK)
 
@@ -131,8 +131,8 @@ class _Sequence:
 class PrefixCacheStats:
     """Prompt tokens looked up in the prefix cache, and how many were found."""
 
-    queried_tokens: int = 0
-    hit_tokens: int = 0
+    queried_tokens: int = 0  # prompt tokens looked up, cumulative
+    hit_tokens: int = 0  # of those, found resident
 
     @property
     def hit_rate(self) -> float:

@@ -164,8 +164,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class Admission:
     """What :meth:`CacheManager.admit` did: prompt tokens the cache supplied, tokens given slots."""
 
-    cached_tokens: int
-    new_tokens: int
+    cached_tokens: int  # prompt tokens the prefix cache supplied
+    new_tokens: int  # tokens given fresh slots now
 
 
 @dataclass(frozen=True)
@@ -185,10 +185,10 @@ class _Parked:
     """A swapped-out sequence: its host blocks per paged group, where each group's held
     entries began, and its state's host slot."""
 
-    out: SwapOut
-    host_blocks: tuple[tuple[int, ...], ...]
-    released: tuple[int, ...]
-    host_state: int | None
+    out: SwapOut  # the swap-out the engine was handed
+    host_blocks: tuple[tuple[int, ...], ...]  # per paged group, its host blocks
+    released: tuple[int, ...]  # per paged group, where its held entries began
+    host_state: int | None  # the state's host slot; None: no state group
 
 
 class CacheManager:

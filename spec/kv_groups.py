@@ -76,8 +76,8 @@ GroupKind = Literal["full", "window", "state"]
 class KVCacheGroup:
     """A group's kind of memory: ``"full"``, ``"window"`` (``window`` tokens), ``"state"``."""
 
-    kind: GroupKind
-    window: int | None = None
+    kind: GroupKind  # "full", "window" or "state"
+    window: int | None = None  # tokens a query sees, for kind "window" only
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, ("full", "window", "state"))

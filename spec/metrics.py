@@ -38,20 +38,20 @@ from itertools import pairwise
 class StepStats:
     """The pool and the queues at the end of one step's scheduling decision."""
 
-    step: int
+    step: int  # the step's number, from 0
     num_seqs: int  # sequences computed this step
     num_tokens: int  # tokens computed this step (<= max_num_batched_tokens)
-    num_waiting: int
-    num_running: int
-    num_swapped: int
+    num_waiting: int  # requests queued, not admitted (a static lobby too)
+    num_running: int  # sequences admitted, holding device memory
+    num_swapped: int  # sequences preempted to the host pool
     free_blocks: int  # no holder, no cached content
     cached_blocks: int  # no holder, but a reusable prefix (evictable)
     used_blocks: int  # held by some sequence
     tail_waste: int  # slots held by running sequences that hold no token
     allocation_failures: int  # times this step found too few blocks (then preempted or waited)
-    preemptions: int
-    swaps_out: int
-    swaps_in: int
+    preemptions: int  # sequences preempted this step
+    swaps_out: int  # sequences swapped out this step
+    swaps_in: int  # sequences swapped back in this step
     prefix_queried_tokens: int  # cumulative
     prefix_hit_tokens: int  # cumulative
 
@@ -60,15 +60,15 @@ class StepStats:
 class RequestTimeline:
     """The steps at which one request's events happened."""
 
-    request_id: int
-    request_class: str
-    arrival_step: int
-    arrival_time: float | None
-    first_scheduled_step: int | None = None
+    request_id: int  # the request
+    request_class: str  # its Request.request_class
+    arrival_step: int  # the step it was submitted before
+    arrival_time: float | None  # seconds, if the request said; else from the clock
+    first_scheduled_step: int | None = None  # first step that computed any of its tokens
     token_steps: dict[int, list[int]] = field(default_factory=dict)  # sample -> steps
-    finish_step: int | None = None
-    preemptions: int = 0
-    aborted: bool = False
+    finish_step: int | None = None  # step it finished (or was aborted) in
+    preemptions: int = 0  # times any of its samples was preempted
+    aborted: bool = False  # cancelled by the client
 
     @property
     def first_token_step(self) -> int | None:
@@ -114,15 +114,15 @@ class RequestTimeline:
 class ClassSummary:
     """Means over the finished requests of one class (``None`` where nothing was measured)."""
 
-    request_class: str
+    request_class: str  # the class these means are over
     num_requests: int  # finished normally: the means below are over these
-    preemptions: int
-    queue_delay_steps: float | None
-    ttft_steps: float | None
-    itl_steps: float | None
-    queue_delay_seconds: float | None = None
-    ttft_seconds: float | None = None
-    itl_seconds: float | None = None
+    preemptions: int  # total over the class's finished requests
+    queue_delay_steps: float | None  # submission to first scheduled step
+    ttft_steps: float | None  # submission to the end of the first token's step
+    itl_steps: float | None  # mean gap between consecutive tokens
+    queue_delay_seconds: float | None = None  # the same in seconds, given a clock
+    ttft_seconds: float | None = None  # given a clock
+    itl_seconds: float | None = None  # given a clock
     num_aborted: int = 0  # left early: counted here, not in the means
 
 

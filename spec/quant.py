@@ -41,10 +41,10 @@ F64 = NDArray[np.float64]
 class Fp8Format:
     """An 8-bit float format: mantissa bits, smallest normal exponent, largest finite value."""
 
-    name: str
-    mantissa_bits: int
+    name: str  # "fp8_e4m3" or "fp8_e5m2"
+    mantissa_bits: int  # stored fraction bits
     min_exponent: int  # of the smallest normal number, 2 ** min_exponent
-    max_finite: float
+    max_finite: float  # largest finite value: larger inputs saturate
 
 
 FP8_FORMATS = {

@@ -75,16 +75,16 @@ class Request:
     ``request_class`` is a str; ``arrival_time`` is None or finite.
     """
 
-    request_id: int
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    stop_tokens: frozenset[int] = frozenset()
-    priority: int = 0
-    n: int = 1
-    temperature: float = 0.0
-    seed: int = 0
-    request_class: str = "default"
-    arrival_time: float | None = None
+    request_id: int  # unique, >= 0
+    prompt: tuple[int, ...]  # token ids, at least one
+    max_new_tokens: int  # the most tokens each sample generates
+    stop_tokens: frozenset[int] = frozenset()  # generating one of these finishes the sample
+    priority: int = 0  # smaller is served first (policy="priority")
+    n: int = 1  # samples (a fork after the prompt)
+    temperature: float = 0.0  # for the sampler; 0: greedy
+    seed: int = 0  # for the sampler
+    request_class: str = "default"  # slices the metrics
+    arrival_time: float | None = None  # seconds; only to report latencies
 
     def __post_init__(self) -> None:
         rid = check_int("request_id", self.request_id, low=0)
@@ -127,15 +127,15 @@ class Sequence:
     side's business: :class:`spec.cache_manager.CacheManager` knows it.
     """
 
-    seq_id: int
-    request: Request
-    sample_index: int
+    seq_id: int  # unique per sample
+    request: Request  # the request it samples
+    sample_index: int  # 0 runs the prompt; forks are 1 .. n - 1
     arrival: int  # submission order: ties in rank go to the earlier arrival
-    tokens: list[int]
-    rank: tuple[int, int, int]
+    tokens: list[int]  # prompt, then generated tokens
+    rank: tuple[int, int, int]  # (virtual_start, arrival, sample_index): spec.sched_policy
     submit_step: int = 0  # the scheduler step its request was submitted at
-    num_computed: int = 0
-    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0  # tokens whose KV is in the cache
+    status: SeqStatus = SeqStatus.WAITING  # where it is in its lifecycle
     forked: bool = False  # True once the request's samples exist (always True when n == 1)
     preempted: bool = False  # preempted and not yet back: its return is reported as resumed
 

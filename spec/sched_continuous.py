@@ -49,13 +49,13 @@ _RANK = attrgetter("rank")
 class _Plan:
     """One step being decided."""
 
-    budget: int
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
-    resumed: list[int] = field(default_factory=list)
-    swap_out: list[SwapOut] = field(default_factory=list)
-    swap_in: list[SwapIn] = field(default_factory=list)
-    allocation_failures: int = 0
+    budget: int  # tokens left to give out this step
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new tokens)
+    preempted: list[int] = field(default_factory=list)  # sequence ids preempted this step
+    resumed: list[int] = field(default_factory=list)  # sequence ids back from preemption this step
+    swap_out: list[SwapOut] = field(default_factory=list)  # copies to the host, done first
+    swap_in: list[SwapIn] = field(default_factory=list)  # copies back from the host
+    allocation_failures: int = 0  # times a sequence found too few blocks
 
 
 class ContinuousScheduler:

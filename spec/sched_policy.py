@@ -104,20 +104,20 @@ class SchedulerConfig:
     ever waits for one; ``num_host_state_slots`` are the host's, for swapping.
     """
 
-    num_blocks: int
-    block_size: int
+    num_blocks: int  # blocks in the device pool
+    block_size: int  # tokens per block
     max_num_batched_tokens: int = 256  # tokens computed per step, over all sequences
     max_num_seqs: int = 16  # sequences running at once (seats)
     max_model_len: int = 1024  # prompt + max_new_tokens of any one request
     max_chunk_tokens: int | None = None  # per sequence per step; None: the whole budget
-    policy: Literal["fcfs", "priority"] = "fcfs"
-    preemption: Literal["recompute", "swap"] = "recompute"
+    policy: Literal["fcfs", "priority"] = "fcfs"  # who goes first: arrival, or priority with aging
+    preemption: Literal["recompute", "swap"] = "recompute"  # recompute the victim later, or swap it
     num_host_blocks: int = 0  # the host pool for swapping
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = False  # share resident full blocks of a prompt
     aging_steps: int = 100  # priority policy: steps of waiting worth one priority level
     kv_groups: tuple[KVCacheGroup, ...] = ()  # empty: one full-attention group
     num_state_slots: int | None = None  # with a state group; None: max_num_seqs
-    num_host_state_slots: int = 0
+    num_host_state_slots: int = 0  # the host's state slots, for swapping
 
     def __post_init__(self) -> None:
         values: dict[str, object] = {n: check_positive(n, getattr(self, n)) for n in _POSITIVE}

@@ -33,21 +33,21 @@ class SampleSlot:
     tokens (0 for the first). At a fork several slots share one row.
     """
 
-    row: int
-    seq_id: int
-    request_id: int
-    sample_index: int
-    position: int
+    row: int  # batch row whose last token's logits to sample
+    seq_id: int  # the sample that gets the token
+    request_id: int  # its request
+    sample_index: int  # 0 .. n - 1
+    position: int  # index among the sample's generated tokens
 
 
 @dataclass(frozen=True)
 class FinishedRequest:
     """A request that left the system: each sample's generated tokens, and why it stopped."""
 
-    request_id: int
-    outputs: tuple[tuple[int, ...], ...]
-    seq_ids: tuple[int, ...]
-    aborted: bool = False
+    request_id: int  # the request
+    outputs: tuple[tuple[int, ...], ...]  # each sample's generated tokens
+    seq_ids: tuple[int, ...]  # each sample's sequence id
+    aborted: bool = False  # cancelled by the client rather than finished
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,14 @@ class SchedulerOutput:
     forward pass over ``token_ids`` laid out by ``batch``.
     """
 
-    step: int
-    batch: BatchMetadata
+    step: int  # the step's number, from 0
+    batch: BatchMetadata  # where every token's KV goes and is read
     token_ids: tuple[int, ...]  # the input token of every row of the flattened batch
-    samples: tuple[SampleSlot, ...]
+    samples: tuple[SampleSlot, ...]  # one per sequence that samples this step
     preempted: tuple[int, ...] = ()  # sequence ids preempted this step
     resumed: tuple[int, ...] = ()  # sequence ids that came back this step
-    swap_out: tuple[SwapOut, ...] = ()
-    swap_in: tuple[SwapIn, ...] = ()
+    swap_out: tuple[SwapOut, ...] = ()  # done first
+    swap_in: tuple[SwapIn, ...] = ()  # done after the copies, before the forward pass
     aborted: tuple[int, ...] = ()  # request ids aborted since the last step
 
     @property

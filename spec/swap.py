@@ -48,11 +48,11 @@ class SwapOut:
     ``state`` is ``(device slot, host slot)`` of a fixed-size state, if any.
     """
 
-    seq_id: int
-    device_blocks: tuple[int, ...]
-    host_blocks: tuple[int, ...]
-    num_tokens: int
-    state: tuple[int, int] | None = None
+    seq_id: int  # the sequence swapped out
+    device_blocks: tuple[int, ...]  # copied from (already free)
+    host_blocks: tuple[int, ...]  # copied to, one per device block
+    num_tokens: int  # tokens whose KV moves
+    state: tuple[int, int] | None = None  # (device slot, host slot), with a state group
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,10 @@ class SwapIn:
     copy-on-write copies, before the forward pass.
     """
 
-    seq_id: int
-    host_blocks: tuple[int, ...]
-    slots: tuple[int, ...]
-    state: tuple[int, int] | None = None
+    seq_id: int  # the sequence coming back
+    host_blocks: tuple[int, ...]  # where its KV waits
+    slots: tuple[int, ...]  # device slot of each host position; -1: skip
+    state: tuple[int, int] | None = None  # (host slot, device slot), with a state group
 
 
 class HostPool:
