@@ -11,13 +11,13 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.errors import FlakyFailure
+from hypothesis.errors import FlakyFailure, Unsatisfiable
 from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.compare import Difference
@@ -32,11 +32,12 @@ _NO_SHRINK = [p for p in Phase if p not in (Phase.shrink, Phase.explain)]
 
 @dataclass(frozen=True)
 class Profile:
-    """How hard to look: examples (random workloads), steps (rules) per example, long examples.
+    """How hard to look: examples (random workloads), steps (rules) per example, and passes.
 
-    The long-context examples run as a second pass, after the others pass: each
-    costs seconds on an interpreted kernel, so their number is fixed, not left
-    to chance.
+    After the short examples, each further pass (:data:`conformance.plan.PASSES`)
+    runs a fixed number of examples, because each costs seconds on an
+    interpreted kernel and a chance draw would either miss or repeat them:
+    long contexts, wide batches, a large pool, and each production shape.
     """
 
     name: str
@@ -44,26 +45,42 @@ class Profile:
     steps: int
     long_examples: int
     description: str
+    wide_examples: int = 2
+    large_pool_examples: int = 1
+    production_examples: int = 1  # per production shape
 
-    def examples(self, override: int | None) -> tuple[int, int]:
-        """Short and long examples; an override scales the long ones (at least one).
+    def pass_examples(self, kind: str, override: int | None = None) -> int:
+        """Examples of one pass; an override scales the fixed passes (at least one each).
 
-        >>> PROFILES["quick"].examples(None), PROFILES["quick"].examples(12)
-        ((60, 5), (12, 1))
+        >>> from conformance.plan import PASSES
+        >>> [PROFILES["quick"].pass_examples(k) for k in PASSES]
+        [60, 2, 5, 1, 1]
         """
+        fixed = {
+            "wide": self.wide_examples,
+            "long": self.long_examples,
+            "large pool": self.large_pool_examples,
+            "production": self.production_examples,
+        }
+        if kind == "short":
+            return self.max_examples if override is None else override
         if override is None:
-            return self.max_examples, self.long_examples
-        return override, max(1, override * self.long_examples // self.max_examples)
+            return fixed[kind]
+        return max(1, override * fixed[kind] // self.max_examples)
+
+    def pass_steps(self, kind: str) -> int:
+        """Rules per example of a pass: fewer where each step runs many sequences or blocks."""
+        return max(3, self.steps // 4) if kind in ("wide", "production") else self.steps
 
 
 PROFILES = {
     p.name: p
     for p in (
         Profile(
-            "quick", 60, 20, 5, "the default: about a minute on 2 CPU cores, Triton interpreted"
+            "quick", 60, 20, 5, "the default: about two minutes on 2 CPU cores, Triton interpreted"
         ),
-        Profile("standard", 300, 40, 25, "before a release or after a kernel change"),
-        Profile("thorough", 2000, 60, 150, "nightly, or when hunting a rare bug"),
+        Profile("standard", 300, 40, 25, "before a release or after a kernel change", 8, 4, 3),
+        Profile("thorough", 2000, 60, 150, "nightly, or when hunting a rare bug", 40, 15, 10),
     )
 }
 
@@ -78,6 +95,9 @@ class RunResult:
     capabilities: Capabilities
     skipped: tuple[str, ...]
     stats: RunStats
+    notes: tuple[str, ...] = ()  # what was drawn, and from where (declared sets, the envelope)
+    envelope: str = "cpu"
+    passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, examples asked)
     wall_time_s: float = 0.0
     difference: Difference | None = None
     workload: list[str] = field(default_factory=list)
@@ -118,18 +138,42 @@ def run_suite(
         capabilities=caps,
         skipped=plan.skipped,
         stats=stats,
+        notes=plan.notes,
+        envelope=plan.envelope.device,
     )
     tick = timed_progress(stats, progress)
-    short, long = chosen.examples(max_examples)
     start = time.monotonic()
-    passes = ((plan, short, ""), (replace(plan, long_context=True), long, "-long"))
-    for plan_now, count, suffix in passes:
-        config = _settings(count, chosen.steps, _database(database, backend_ref + suffix), shrink)
+    for plan_now in plan.passes():
+        why = _pass_unavailable(backend, plan_now)
+        if why:
+            result.skipped += (why,)
+            continue
+        count = chosen.pass_examples(plan_now.kind, max_examples)
+        name = _pass_name(plan_now)
+        result.passes.append((name, count))
+        suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
+        db = _database(database, backend_ref + suffix)
+        config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
         _run_pass(result, backend, plan_now, config, tick)
         if not result.passed:
             break
     result.wall_time_s = time.monotonic() - start
     return result
+
+
+def _pass_name(plan: Plan) -> str:
+    """``short``, ``long``, ..., or ``production (head dim 128, 8/2 heads, block size 16)``."""
+    return plan.kind if plan.shape is None else f"{plan.kind} ({plan.shape.describe()})"
+
+
+def _pass_unavailable(backend: Backend, plan: Plan) -> str | None:
+    """Why a pass cannot run on this backend (``None`` when it can)."""
+    if plan.kind == "large pool" and not callable(getattr(backend, "read_blocks", None)):
+        return (
+            "large pool pass (KV offsets past 2^31 elements): the backend has no "
+            "read_blocks(layer, blocks), and copying a pool of 2^31 elements is not an option"
+        )
+    return None
 
 
 def _settings(
@@ -172,6 +216,8 @@ def _run_pass(
         if not inner:
             raise
         result.difference, result.workload, result.flaky = inner[0].difference, inner[0].log, True
+    except Unsatisfiable:
+        result.skipped += (f"{_pass_name(plan)} pass: no example the backend supports",)
 
 
 def _database(root: Path | None, backend_ref: str) -> DirectoryBasedExampleDatabase | None:

@@ -270,11 +270,13 @@ def _attend_padded(
     """
     width = max(k.shape[0] for k, _, _, _ in keys)
     s, (h_kv, d) = len(keys), keys[0][0].shape[1:]
-    k_all, v_all = np.zeros((s, width, h_kv, d)), np.zeros((s, width, h_kv, d))
+    dt = np.dtype(precision.compute)
+    k_all, v_all = np.zeros((s, h_kv, width, d), dt), np.zeros((s, h_kv, width, d), dt)
     key_pos = np.zeros((s, width), dtype=np.int64)
     valid = np.zeros((s, width), dtype=np.bool_)
     for j, (k, v, _, first) in enumerate(keys):
-        k_all[j, : k.shape[0]], v_all[j, : k.shape[0]] = k, v
+        k_all[j, :, : k.shape[0]] = k.transpose(1, 0, 2)
+        v_all[j, :, : k.shape[0]] = v.transpose(1, 0, 2)
         key_pos[j] = first + np.arange(width)
         valid[j, : k.shape[0]] = True
     positions = np.stack([p for _, _, p, _ in keys])
@@ -301,8 +303,8 @@ def attend(
     valid = np.ones(key_pos.shape, dtype=np.bool_)
     out = _attend_batch(
         query[None],
-        key[None],
-        value[None],
+        key.transpose(1, 0, 2)[None],
+        value.transpose(1, 0, 2)[None],
         np.asarray(positions)[None],
         key_pos,
         valid,
@@ -328,18 +330,20 @@ def _attend_batch(
     """The arithmetic of attention, batched over a leading sequence axis.
 
     ``query`` ``[S, n, H, D]`` at ``positions`` ``[S, n]``; ``key``/``value``
-    ``[S, t, H_kv, D]`` at ``key_pos`` ``[S, t]``, of which ``valid`` are real.
+    ``[S, H_kv, t, D]`` (head-major, as a kernel tiles them) at ``key_pos``
+    ``[S, t]``, of which ``valid`` are real.
     Query head ``h`` reads KV head ``h // g`` with ``g = H / H_kv``: the heads
     of one KV head form one matrix, so K and V are never repeated per head.
     """
     dt = np.dtype(precision.compute)
     s, n, num_heads, d = query.shape
-    t, h_kv = key.shape[1], key.shape[2]
+    h_kv, t = key.shape[1], key.shape[2]
     g = num_heads // h_kv
     # [S, H_kv, g * n, D]: rows of one KV head's group; the g query heads of KV head j are j*g..
-    q = query.astype(dt).reshape(s, n, h_kv, g, d).transpose(0, 2, 3, 1, 4).reshape(s, h_kv, -1, d)
-    k = key.astype(dt).transpose(0, 2, 3, 1)  # [S, H_kv, D, t]
-    v = value.astype(dt).transpose(0, 2, 1, 3)  # [S, H_kv, t, D]
+    q = np.asarray(query, dt).reshape(s, n, h_kv, g, d).transpose(0, 2, 3, 1, 4)
+    q = q.reshape(s, h_kv, -1, d)
+    k = np.asarray(key, dt).transpose(0, 1, 3, 2)  # [S, H_kv, D, t]
+    v = np.asarray(value, dt)
     scores = (q @ k).reshape(s, num_heads, n, t) * dt.type(scale)
     if variant.softcap is not None:
         cap = dt.type(variant.softcap)

@@ -1,0 +1,331 @@
+"""Judging attention outputs the way kernel authors judge them: beside a same-precision reference.
+
+A fixed tolerance per dtype cannot tell an honest fp16 kernel from one that
+accumulates ``P @ V`` in fp16 or rounds its output toward zero: both stay
+inside any tolerance loose enough for the honest one. So, as FlashAttention's
+tests do, every step compares two errors against the float64 reference (the
+spec):
+
+* the backend's: ``|actual - exact|``;
+* that of a **same-precision reference**, what an honest kernel of the
+  backend's precision computes: inputs and K/V in the activation dtype (an
+  fp8 cache dequantized and rounded to it, as a kernel reads it), float32
+  products and sums, the unnormalised probabilities rounded to the dtype
+  before ``P @ V`` (fp16 and bf16), the output rounded to the dtype
+  (:func:`same_precision`).
+
+Errors are measured in **ulps**: each output's error divided by the spacing of
+the dtype's numbers at its expected value (at least at :data:`MAGNITUDE_FLOOR`
+of the step's largest, so that values near zero, whose relative error says
+nothing, do not dominate). Three checks, with the constants below measured
+on the project's correct backends (docs/conformance.md prints the figures):
+
+1. **Each step and layer**: the backend's largest error, in ulps, is at most
+   ``RATIO`` times the reference's largest plus ``FLOOR_ULPS``
+   (:func:`output_errors`).
+2. **Each example, precision**: the backend's mean error in ulps is at most
+   ``MEAN_RATIO`` times the reference's mean plus ``MEAN_FLOOR_ULPS``: an
+   averaged error is stable where a maximum is not, so it sees a kernel that
+   is a little worse everywhere (fp16 accumulation).
+3. **Each example, bias**: the mean error in ulps, signed and in the
+   direction of ``|expected|``, is within ``BIAS_LIMIT_ULPS`` of zero. An
+   honest kernel's rounding errors average out; truncation toward zero, at
+   most one ulp per output and so inside check 1, averages half an ulp.
+
+>>> exact = np.array([0.3, -0.7, 1.1])
+>>> ulp(exact, "float16").tolist()            # spacing of fp16 numbers at each value
+[0.000244140625, 0.00048828125, 0.0009765625]
+>>> errs = output_errors(exact, round_to(exact, "float16"), exact + 1e-3, "float16")
+>>> round(errs.max_ulps, 1), round(errs.reference_ulps, 2), round(errs.allowed_ulps, 2)
+(4.1, 0.4, 1.8)
+>>> errs.passed, round(errs.excess, 2)        # 4.1 ulps where 1.8 are allowed
+(False, 2.28)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from conformance.dtypes import F64, round_to
+from spec.attention import Precision
+
+MANTISSA_BITS = {"float32": 23, "float16": 10, "bfloat16": 7}
+"""Explicit mantissa bits of each activation dtype."""
+MIN_NORMAL_EXPONENT = {"float32": -126, "float16": -14, "bfloat16": -126}
+
+RATIO = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}
+"""Check 1: the allowed multiple of the same-precision reference's largest error.
+
+2 for fp16 and bf16, as FlashAttention's tests use: an honest kernel that
+rounds ``P`` like the reference reached 1.23 times its largest error on long
+contexts, one that keeps ``P`` in float32 0.5. 4 for float32, where no final
+rounding dominates and two honest orders of summation differ most.
+"""
+FLOOR_ULPS = {"float32": 2048.0, "float16": 1.0, "bfloat16": 1.0}
+"""Check 1's floor, in ulps.
+
+One ulp in fp16 and bf16: the backend's and the reference's roundings of one
+output may each be half an ulp, in opposite directions. 2048 in float32
+(about 2^-12 relative): with large logits (scores up to about 50) the order
+in which a float32 dot product of 256 terms is summed moves ``exp(s)`` by up
+to 1e-4 relative, and two honest implementations differed by 860 ulps more
+than four times the other's error. A TF32 dot or fp16 accumulation in a
+float32 kernel errs by 2^-11 relative or more: far above.
+"""
+MEAN_RATIO = {"float32": 2.0, "float16": 1.25, "bfloat16": 1.25}
+"""Check 2: the allowed multiple of the reference's mean error in ulps, per example.
+
+An honest kernel that rounds ``P`` averages 0.92 to 1.0 times the
+reference's mean error; one that keeps ``P`` in float32 about 0.55; fp16
+accumulation of ``P @ V`` 1.5 to 1.8.
+"""
+MEAN_FLOOR_ULPS = {"float32": 8.0, "float16": 0.05, "bfloat16": 0.05}
+BIAS_LIMIT_ULPS = {"float32": 1.0, "float16": 0.2, "bfloat16": 0.2}
+"""Check 3: the most an example's mean error may lean, in ulps.
+
+fp16 and bf16: honest kernels leaned at most 0.011 ulp, truncation 0.46. In
+float32 there is no final rounding to lean: errors are accumulation, often
+past the clip of 4 ulps, and honest examples leaned up to 0.094; the limit
+only catches a gross lean there.
+"""
+MIN_SAMPLES = 512
+"""Outputs an example needs before checks 2 and 3 judge it: below that, a mean is noise."""
+MAGNITUDE_FLOOR = 2.0**-6
+"""Outputs below this fraction of the step's largest are judged in the ulps of that fraction."""
+_BIAS_CLIP_ULPS = 4.0
+"""Per-output errors are clipped to this many ulps for the bias, so one outlier cannot lean it."""
+
+LARGE_LOGITS = "large logits (scale 16/sqrt(D): scores spread about 16)"
+USUAL_SCALE = "usual scale (1/sqrt(D))"
+
+
+def ulp(x: F64, dtype: str) -> F64:
+    """The spacing of ``dtype`` numbers at ``|x|`` (subnormal spacing below the smallest normal)."""
+    _, exponent = np.frexp(np.abs(np.asarray(x, dtype=np.float64)))
+    e = np.maximum(exponent - 1, MIN_NORMAL_EXPONENT[dtype])
+    out: F64 = np.ldexp(1.0, e - MANTISSA_BITS[dtype])
+    return out
+
+
+def same_precision(dtype: str, quantized_kv: bool) -> Precision:
+    """The arithmetic of an honest kernel with ``dtype`` activations (the output is rounded after).
+
+    >>> same_precision("float32", quantized_kv=False).round_p is None      # fp32 keeps P
+    True
+    """
+
+    def to_dtype(x: F64) -> F64:
+        return round_to(x, dtype)
+
+    return Precision(
+        compute="float32",
+        round_kv=to_dtype if quantized_kv else None,
+        round_p=None if dtype == "float32" else to_dtype,
+    )
+
+
+def _in_ulps(exact: F64, actual: F64, floor: float, dtype: str) -> F64:
+    """``|actual - exact|`` in ulps at ``max(|exact|, floor)``; NaN counts as infinitely far."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        out: F64 = np.abs(actual - exact) / ulp(np.maximum(np.abs(exact), floor), dtype)
+    return np.where(np.isnan(out), np.inf, out)
+
+
+def magnitude_floor(exact: F64, dtype: str) -> float:
+    """The magnitude below which outputs are judged in the ulps of the floor itself."""
+    floor = MAGNITUDE_FLOOR * float(np.abs(exact).max(initial=0.0))
+    return max(floor, float(ulp(np.array(0.0), dtype)))  # an all-zero output: the smallest step
+
+
+@dataclass(frozen=True)
+class OutputErrors:
+    """One step and layer's outputs against the float64 reference, beside the same-precision one.
+
+    ``*_ulps`` are errors in ulps (see the module docstring); the others are
+    absolute. ``max_rel_error`` counts only outputs whose expected magnitude
+    is above ``floor``: relative errors of values near zero say nothing.
+    """
+
+    dtype: str
+    max_ulps: float
+    reference_ulps: float
+    mean_ulps: float
+    reference_mean_ulps: float
+    ratio: float
+    floor_ulps: float
+    max_error: float
+    p99_error: float
+    mean_signed_error: float
+    reference_error: float
+    floor: float
+    max_rel_error: float
+    count: int
+    scale_regime: str = USUAL_SCALE
+    attention_path: str | None = None
+
+    @property
+    def allowed_ulps(self) -> float:
+        return self.ratio * self.reference_ulps + self.floor_ulps
+
+    @property
+    def excess(self) -> float:
+        """The backend's largest error as a multiple of the allowed one (above 1 fails)."""
+        return self.max_ulps / self.allowed_ulps
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.max_ulps <= self.allowed_ulps)
+
+    def describe(self) -> list[str]:
+        """Lines for a failure report: by how much, against what, and the distribution."""
+        lines = [
+            f"  error {self.max_ulps:.3g} ulp is {self.excess:.2f} x the allowed "
+            f"{self.allowed_ulps:.3g} ulp = {self.ratio:g} x the same-precision reference's "
+            f"{self.reference_ulps:.3g} ulp + {self.floor_ulps:g} ulp ({self.dtype})",
+            f"  absolute errors over {self.count} outputs: max {self.max_error:.3g} "
+            f"(same-precision reference: {self.reference_error:.3g}), p99 {self.p99_error:.3g}, "
+            f"mean signed {self.mean_signed_error:.3g}; max relative error "
+            f"{self.max_rel_error:.3g} where |expected| > {self.floor:.3g}",
+            f"  scale regime: {self.scale_regime}",
+        ]
+        if self.attention_path:
+            lines.append(f"  attention path (reported by the backend): {self.attention_path}")
+        return lines
+
+    def ulps(self, exact: F64, actual: F64) -> F64:
+        """Each output's error in the ulps this judgement uses."""
+        return _in_ulps(exact, actual, self.floor, self.dtype)
+
+
+def output_errors(
+    exact: F64,
+    same: F64,
+    actual: F64,
+    dtype: str,
+    scale_regime: str = USUAL_SCALE,
+    attention_path: str | None = None,
+) -> OutputErrors:
+    """Judge ``actual`` against ``exact``, allowing a multiple of ``same``'s own error (check 1)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = actual - exact
+        abs_err = np.abs(err)
+    finite = bool(np.isfinite(abs_err).all())
+    big = float("inf")
+    floor = magnitude_floor(exact, dtype)
+    above = np.abs(exact) > floor
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = abs_err[above] / np.abs(exact[above])
+    ulps, ref_ulps = _in_ulps(exact, actual, floor, dtype), _in_ulps(exact, same, floor, dtype)
+    return OutputErrors(
+        dtype=dtype,
+        max_ulps=float(ulps.max(initial=0.0)),
+        reference_ulps=float(ref_ulps.max(initial=0.0)),
+        mean_ulps=float(ulps.mean()) if ulps.size else 0.0,
+        reference_mean_ulps=float(ref_ulps.mean()) if ref_ulps.size else 0.0,
+        ratio=RATIO[dtype],
+        floor_ulps=FLOOR_ULPS[dtype],
+        max_error=float(abs_err.max(initial=0.0)) if finite else big,
+        p99_error=float(np.percentile(abs_err, 99)) if finite and abs_err.size else big,
+        mean_signed_error=float(err.mean()) if finite and err.size else big,
+        reference_error=float(np.abs(same - exact).max(initial=0.0)),
+        floor=floor,
+        max_rel_error=float(rel.max(initial=0.0)) if finite else big,
+        count=int(err.size),
+        scale_regime=scale_regime,
+        attention_path=attention_path,
+    )
+
+
+@dataclass(frozen=True)
+class ExampleErrors:
+    """An example's output errors, in ulps, averaged (checks 2 and 3).
+
+    ``mean_outward_ulps`` is the mean error in the direction of ``|expected|``:
+    negative leans toward zero.
+    """
+
+    dtype: str
+    mean_ulps: float
+    reference_mean_ulps: float
+    mean_signed_ulps: float
+    mean_outward_ulps: float
+    count: int
+
+    @property
+    def allowed_mean_ulps(self) -> float:
+        return MEAN_RATIO[self.dtype] * self.reference_mean_ulps + MEAN_FLOOR_ULPS[self.dtype]
+
+    @property
+    def precise(self) -> bool:
+        return self.count < MIN_SAMPLES or self.mean_ulps <= self.allowed_mean_ulps
+
+    @property
+    def unbiased(self) -> bool:
+        lean = max(abs(self.mean_signed_ulps), abs(self.mean_outward_ulps))
+        return self.count < MIN_SAMPLES or lean <= BIAS_LIMIT_ULPS[self.dtype]
+
+    @property
+    def passed(self) -> bool:
+        return self.precise and self.unbiased
+
+    def describe(self) -> str:
+        what = []
+        if not self.precise:
+            what.append(
+                f"the outputs are less precise than a kernel of their precision: mean error "
+                f"{self.mean_ulps:.3g} ulp, {self.mean_ulps / self.allowed_mean_ulps:.2f} x "
+                f"the allowed {self.allowed_mean_ulps:.3g} = {MEAN_RATIO[self.dtype]:g} x the "
+                f"same-precision reference's {self.reference_mean_ulps:.3g} ulp "
+                f"+ {MEAN_FLOOR_ULPS[self.dtype]:g}"
+            )
+        if not self.unbiased:
+            what.append(
+                f"the outputs lean: mean error {self.mean_signed_ulps:+.3f} ulp signed, "
+                f"{self.mean_outward_ulps:+.3f} ulp in the direction of |expected| (negative: "
+                f"toward zero); an honest rounding averages 0, the limit is "
+                f"{BIAS_LIMIT_ULPS[self.dtype]} ulp"
+            )
+        return "; ".join(what) + f" (over the {self.count} {self.dtype} outputs of this example)"
+
+
+class ExampleMeter:
+    """Accumulates an example's output errors for :class:`ExampleErrors`.
+
+    >>> meter = ExampleMeter("float16")
+    >>> exact = np.linspace(0.1, 0.9, 600)
+    >>> meter.add(exact, round_to(exact, "float16"), round_to(exact, "float16"))
+    >>> meter.result().passed
+    True
+    >>> toward_zero = round_to(exact, "float16") - 0.5 * ulp(exact, "float16")
+    >>> meter.add(exact, toward_zero, round_to(exact, "float16"))
+    >>> errors = meter.result()
+    >>> errors.unbiased, round(errors.mean_outward_ulps, 2)
+    (False, -0.24)
+    """
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+        self._sums = np.zeros(4)  # backend ulps, reference ulps, signed ulps, outward ulps
+        self._count = 0
+
+    def add(self, exact: F64, actual: F64, same: F64) -> None:
+        floor = magnitude_floor(exact, self.dtype)
+        scale = ulp(np.maximum(np.abs(exact), floor), self.dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            signed = (actual - exact) / scale
+            ref = np.abs(same - exact) / scale
+        ok = np.isfinite(signed) & np.isfinite(ref)
+        clipped = np.clip(signed[ok], -_BIAS_CLIP_ULPS, _BIAS_CLIP_ULPS)
+        self._sums += (
+            float(np.abs(signed[ok]).sum()),
+            float(ref[ok].sum()),
+            float(clipped.sum()),
+            float((clipped * np.sign(exact[ok])).sum()),
+        )
+        self._count += int(ok.sum())
+
+    def result(self) -> ExampleErrors:
+        b, r, signed, outward = (float(m) for m in self._sums / max(self._count, 1))
+        return ExampleErrors(self.dtype, b, r, signed, outward, self._count)
