@@ -13,6 +13,7 @@ head dims: 128 (non-power-of-two: none)
 block sizes: 48 (non-power-of-two: 48)
 GQA ratios: 3; KV heads: 2; dtypes: float16
 widest step: 18 sequences (15 decodes, 3 prefill chunks)
+widest mixed step: 15 decodes with 3 prefill chunks
 largest KV element offset: 2147483653 (past 2^31: yes)
 """
 
@@ -43,6 +44,7 @@ class Coverage:
     dtypes: set[str] = field(default_factory=set)
     widest_step: int = 0
     widest_decodes: int = 0
+    widest_mixed: tuple[int, int] = (0, 0)  # decodes and prefill chunks of the widest mixed call
     max_offset: int = 0
 
     def note_shape(
@@ -58,6 +60,8 @@ class Coverage:
         """One backend attention call of ``num_seqs`` sequences; its largest KV element offset."""
         if num_seqs > self.widest_step:
             self.widest_step, self.widest_decodes = num_seqs, decodes
+        if 0 < decodes < num_seqs and num_seqs > sum(self.widest_mixed):
+            self.widest_mixed = (decodes, num_seqs - decodes)
         self.max_offset = max(self.max_offset, max_offset)
 
     def describe(self) -> list[str]:
@@ -72,6 +76,8 @@ class Coverage:
             f"dtypes: {', '.join(sorted(self.dtypes)) or 'none'}",
             f"widest step: {self.widest_step} sequences "
             f"({self.widest_decodes} decodes, {chunks} prefill chunks)",
+            f"widest mixed step: {self.widest_mixed[0]} decodes with "
+            f"{self.widest_mixed[1]} prefill chunks",
             f"largest KV element offset: {self.max_offset} (past 2^31: {past})",
         ]
 
@@ -84,6 +90,10 @@ class Coverage:
             "dtypes": sorted(self.dtypes),
             "widest_step": self.widest_step,
             "widest_step_decodes": self.widest_decodes,
+            "widest_mixed_step": {
+                "decodes": self.widest_mixed[0],
+                "prefill_chunks": self.widest_mixed[1],
+            },
             "max_kv_element_offset": self.max_offset,
             "past_int32": self.max_offset >= INT32_LIMIT,
         }

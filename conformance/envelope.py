@@ -11,13 +11,16 @@ it (:mod:`conformance.plan`).
 There are two envelopes, chosen by ``capabilities.device``:
 
 * **cpu** (the Triton interpreter, numpy and torch backends on a host): every
-  shape of the envelope, at most 8 KV heads x layers per example (each costs
-  an interpreted program per sequence), wide batches of 16 to 32 sequences,
+  head dim, block size and GQA ratio of the envelope, 1 to 3 KV heads, at
+  most 3 KV heads x layers in a short example, 2 in wide, large-pool and
+  production examples and one KV head in long ones (each KV head of each
+  layer costs an interpreted program per sequence and query tile: a quick
+  run stays near two minutes), wide batches of 16 to 32 sequences,
   long prompts of 300 to 1100 tokens, and two production shapes run in full:
   head dim 128 with 8 query heads on 2 KV heads and blocks of 16, and head
   dim 96 with a GQA ratio of 3 and blocks of 48;
-* **device** (anything else, "cuda:0" say): the same shapes without the cost
-  bound, wide batches of 64 to 256 sequences, long prompts of 2048 to 32768
+* **device** (anything else, "cuda:0" say): every shape, 1 to 8 KV heads and
+  1 to 4 layers without a cost bound, wide batches of 64 to 256 sequences, long prompts of 2048 to 32768
   tokens, and production shapes of head dim 128 with 32 query heads on 8 KV
   heads.
 
@@ -70,23 +73,43 @@ class Envelope:
     kv_heads: tuple[int, ...]
     gqa_ratios: tuple[int, ...]
     layers: tuple[int, ...]
-    max_kv_heads_x_layers: int | None  # cost bound per example (None: unbounded)
+    max_kv_heads_x_layers: int | None  # cost bound of a short example (None: unbounded)
     short_seqs: int  # live sequences at most in a short example
     wide_seqs: tuple[int, ...]  # live sequences of a wide example (the first is the shrink target)
-    wide_kv_heads_x_layers: int | None  # a tighter bound for wide and large-pool examples
+    wide_kv_heads_x_layers: int | None  # the bound of the other passes' examples
+    long_kv_heads: int | None  # KV heads of a long example at most (None: as wide ones)
     long_prompts: tuple[int, int]  # shortest and longest long prompt
     long_lengths: tuple[int, ...]  # long prompt lengths drawn often: just past switch points
     long_chunks: tuple[int, ...]  # prefill chunk sizes of a long prompt
     long_pool_tokens: int  # pool of a long-context example, in tokens
     production: tuple[Shape, ...]  # shapes run in full, one pass each
 
-    def layers_for(self, num_kv_heads: int, *, wide: bool = False) -> tuple[int, ...]:
+    def bound(self, kind: str) -> int | None:
+        """The cost bound (KV heads x layers) of one kind of example, ``None`` for none."""
+        if kind == "short":
+            return self.max_kv_heads_x_layers
+        if kind == "long" and self.long_kv_heads is not None:
+            return self.long_kv_heads
+        return self.wide_kv_heads_x_layers
+
+    def kv_heads_for(self, kind: str, declared: tuple[int, ...]) -> tuple[int, ...]:
+        """The KV head counts an example of ``kind`` may draw (the smallest if none fits).
+
+        >>> envelope_for("cpu").kv_heads_for("wide", (1, 2, 3, 4))
+        (1, 2)
+        """
+        bound = self.bound(kind)
+        return tuple(k for k in declared if bound is None or k <= bound) or declared[:1]
+
+    def layers_for(self, kind: str, num_kv_heads: int) -> tuple[int, ...]:
         """The layer counts an example with ``num_kv_heads`` may have under the cost bound.
 
-        >>> envelope_for("cpu").layers_for(3), envelope_for("cpu").layers_for(8, wide=True)
-        ((1, 2), (1,))
+        >>> envelope_for("cpu").layers_for("short", 3), envelope_for("cpu").layers_for("wide", 2)
+        ((1,), (1,))
         """
-        bound = self.wide_kv_heads_x_layers if wide else self.max_kv_heads_x_layers
+        if kind in ("long", "large pool", "production"):
+            return self.layers[:1]  # long prompts, large pools and full shapes cost per layer
+        bound = self.bound(kind)
         if bound is None:
             return self.layers
         return tuple(n for n in self.layers if n * num_kv_heads <= bound) or self.layers[:1]
@@ -96,13 +119,14 @@ CPU = Envelope(
     device="cpu",
     head_dims=HEAD_DIMS,
     block_sizes=BLOCK_SIZES,
-    kv_heads=KV_HEADS,
+    kv_heads=KV_HEADS[:3],
     gqa_ratios=GQA_RATIOS,
     layers=LAYERS,
-    max_kv_heads_x_layers=8,
+    max_kv_heads_x_layers=3,
     short_seqs=4,
     wide_seqs=(16, 24, 32),
     wide_kv_heads_x_layers=2,
+    long_kv_heads=1,
     long_prompts=(300, 1100),
     long_lengths=(300, 1100, 1025, 513),
     long_chunks=(256, 128, 512, 1024),
@@ -121,6 +145,7 @@ DEVICE = Envelope(
     short_seqs=8,
     wide_seqs=(64, 128, 256),
     wide_kv_heads_x_layers=None,
+    long_kv_heads=None,
     long_prompts=(2048, 32768),
     long_lengths=(2048, 32768, 16385, 8193, 4097),
     long_chunks=(2048, 1024, 4096, 8192),

@@ -18,7 +18,8 @@ What an example starts with depends on its pass (:data:`conformance.plan.PASSES`
 * **wide** and **production**: 16 to 32 sequences (64 to 256 on a device)
   prefilled together, then a step that mixes a decode of every one of them
   with several new prompts' prefill chunks;
-* **large pool**: a prompt placed in the blocks past 2^31 elements.
+* **large pool**: a prompt placed in the blocks past 2^31 elements;
+* **short**: one sequence, not yet run.
 
 Steps respect the backend's capabilities: prefill chunks no longer than
 ``max_query_len`` (when it is above 1), whole prompts when ``chunked_prefill``
@@ -174,6 +175,8 @@ class LockstepMachine(RuleBasedStateMachine):
             seq_id = self.next_id
             self._start(prompt)
             self._run([(seq_id, prompt)])
+        else:  # a first sequence, so that every rule can run from the first step on
+            self.add(data.draw(st.integers(0, 5), label="length"), data.draw(_SEED), False, 0)
 
     def _start_wide(self, data: st.DataObject) -> None:
         """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
@@ -196,16 +199,16 @@ class LockstepMachine(RuleBasedStateMachine):
         ]
         self._run(decodes + [(s, self.pending[s]) for s in joiners])
 
-    @precondition(lambda self: self._room())
     @rule(length=st.integers(0, 5), seed=_SEED, then_step=st.booleans(), token=_PICK)
     def add(self, length: int, seed: int, then_step: bool, token: int) -> None:
         """A new sequence; with ``then_step``, a step of every live sequence follows."""
+        self._make_room(1)
         self._count(f"add (prompt length {('1', 'B-1', 'B', 'B+1', '2B+1', '5')[length]})")
         self._start(_tokens(seed, self._prompt_length(length)))
         if then_step:
             self.step_all(token)
 
-    @precondition(lambda self: bool(self.prompts) and self._room())
+    @precondition(lambda self: bool(self.prompts))
     @rule(
         which=_PICK,
         blocks=st.integers(1, 3),
@@ -218,6 +221,7 @@ class LockstepMachine(RuleBasedStateMachine):
         self, which: int, blocks: int, tail: int, seed: int, then_step: bool, token: int
     ) -> None:
         """A prompt that repeats an earlier one's first blocks (computed ones preferred)."""
+        self._make_room(1)
         pool = self.computed or self.prompts
         earlier = pool[which % len(pool)]
         prompt = earlier[: blocks * self.block_size] + _tokens(seed, tail)
@@ -225,12 +229,6 @@ class LockstepMachine(RuleBasedStateMachine):
         self._start(self._fit_prompt(prompt))
         if then_step:
             self.step_all(token)
-
-    @precondition(lambda self: self._long_room() >= self.plan.envelope.long_prompts[0])
-    @rule(data=st.data())
-    def add_long(self, data: st.DataObject) -> None:
-        """A long prompt prefilled in large chunks, then decodes of every finished sequence."""
-        self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
 
     def _add_long(self, long: LongPrompt) -> None:
         n = min(long.length, self._long_room())
@@ -285,38 +283,18 @@ class LockstepMachine(RuleBasedStateMachine):
         ]
         self._run(schedule)
 
-    @precondition(lambda self: self.plan.copy_on_write and self._room() and self._forkable())
+    @precondition(lambda self: self.plan.copy_on_write and bool(self._forkable()))
     @rule(which=_PICK, write=st.booleans(), token=_PICK)
     def fork(self, which: int, write: bool, token: int) -> None:
         """Share a sequence's blocks with a new child; with ``write``, both decode at once."""
+        parents = self._forkable()
+        self._make_room(1, keep=parents[which % len(parents)])
         parents = self._forkable()
         parent = parents[which % len(parents)]
         child = self._fork(parent)
         self._count("fork")
         if write:
             self._run([(child, [token]), (parent, [(token + 1) % VOCAB])])
-
-    @precondition(lambda self: self.plan.copy_on_write and self._room(3) and self._forkable())
-    @rule(which=_PICK, depth=st.integers(2, 3), token=_PICK)
-    def fork_chain(self, which: int, depth: int, token: int) -> None:
-        """Forks of forks: a chain of ``depth`` children on one parent's blocks; then all write."""
-        parents = self._forkable()
-        chain = [parents[which % len(parents)]]
-        for _ in range(depth):
-            chain.append(self._fork(chain[-1]))
-        self._count(f"fork of a fork (a chain of {depth})")
-        self._run([(s, [(token + 7 * s) % VOCAB]) for s in chain])
-
-    @precondition(lambda self: bool(self._chain_middles()))
-    @rule(which=_PICK, token=_PICK)
-    def free_middle_of_chain(self, which: int, token: int) -> None:
-        """Free a sequence that is both a fork's child and a fork's parent; the ends then write."""
-        middles = self._chain_middles()
-        middle = middles[which % len(middles)]
-        ends = [self.parent_of[middle]] + [c for c, p in self.parent_of.items() if p == middle]
-        self._free(middle)
-        self._count("free in the middle of a chain of forks")
-        self._run([(s, [(token + 7 * s) % VOCAB]) for s in sorted(set(ends)) if s in self.pending])
 
     @precondition(lambda self: len(self.pending) >= 2 or (bool(self.pending) and self._half_full()))
     @rule(which=_PICK)
@@ -325,10 +303,11 @@ class LockstepMachine(RuleBasedStateMachine):
         self._free(live[which % len(live)])
         self._count("free")
 
-    @precondition(lambda self: self._room() and self._half_full())
+    @precondition(lambda self: self._half_full())
     @rule(seed=_SEED)
     def allocation_failure(self, seed: int) -> None:
         """A prompt one block larger than what is left: the step must leave it out."""
+        self._make_room(1)
         m = self.ls.manager
         prompt = _tokens(seed, (m.pool.num_available + 1) * self.block_size, offset=VOCAB)
         seq_id = self._new_id()
@@ -338,9 +317,58 @@ class LockstepMachine(RuleBasedStateMachine):
         self.ls.free(seq_id)
         self._count("allocation failure (prompt larger than the free pool)")
 
-    @precondition(lambda self: self._can_evict())
-    @rule(which=_PICK, seed=_SEED, token=_PICK)
-    def evict_then_reprompt(self, which: int, seed: int, token: int) -> None:
+    @precondition(lambda self: bool(self._rare_states()))
+    @rule(kind=st.integers(0, 3), data=st.data())
+    def rare(self, kind: int, data: st.DataObject) -> None:
+        """One of the states random programs seldom reach, chosen among those reachable now.
+
+        A long prompt (long-context examples), a prefix-cache eviction then the
+        prompt that would have hit the evicted block, forks of forks, or a free
+        in the middle of a chain of forks. One rule for all, so that the rules
+        Hypothesis draws are mostly enabled.
+        """
+        states = self._rare_states()
+        name = states[kind % len(states)]
+        if name == "long":
+            self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
+        elif name == "evict":
+            self._evict_then_reprompt(data.draw(_PICK), data.draw(_SEED), data.draw(_PICK))
+        elif name == "fork chain":
+            self._fork_chain(data.draw(_PICK), data.draw(st.integers(2, 3)), data.draw(_PICK))
+        else:
+            self._free_middle_of_chain(data.draw(_PICK), data.draw(_PICK))
+
+    def _rare_states(self) -> list[str]:
+        states = []
+        if self._long_room() >= self.plan.envelope.long_prompts[0]:
+            states.append("long")
+        if self._can_evict():
+            states.append("evict")
+        if self.plan.copy_on_write and self._room(3) and self._forkable():
+            states.append("fork chain")
+        if self._chain_middles():
+            states.append("free middle")
+        return states
+
+    def _fork_chain(self, which: int, depth: int, token: int) -> None:
+        """Forks of forks: a chain of ``depth`` children on one parent's blocks; then all write."""
+        parents = self._forkable()
+        chain = [parents[which % len(parents)]]
+        for _ in range(depth):
+            chain.append(self._fork(chain[-1]))
+        self._count(f"fork of a fork (a chain of {depth})")
+        self._run([(s, [(token + 7 * s) % VOCAB]) for s in chain])
+
+    def _free_middle_of_chain(self, which: int, token: int) -> None:
+        """Free a sequence that is both a fork's child and a fork's parent; the ends then write."""
+        middles = self._chain_middles()
+        middle = middles[which % len(middles)]
+        ends = [self.parent_of[middle]] + [c for c, p in self.parent_of.items() if p == middle]
+        self._free(middle)
+        self._count("free in the middle of a chain of forks")
+        self._run([(s, [(token + 7 * s) % VOCAB]) for s in sorted(set(ends)) if s in self.pending])
+
+    def _evict_then_reprompt(self, which: int, seed: int, token: int) -> None:
         """Evict every cached block, then send the prompt that would have hit one of them."""
         m = self.ls.manager
         cached = [p for p in self.computed if m.cached_prefix(p) > 0]
@@ -354,7 +382,7 @@ class LockstepMachine(RuleBasedStateMachine):
         self._count("prefix-cache eviction, then a prompt that would have hit the evicted block")
         seq_id = self.next_id
         self._start(target[: self.block_size] + _tokens(seed + 1, 1 + token % 3))
-        self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None) or None])])
+        self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])])
 
     @invariant()
     def spec_is_consistent(self) -> None:
@@ -381,6 +409,13 @@ class LockstepMachine(RuleBasedStateMachine):
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
+
+    def _make_room(self, more: int, keep: int | None = None) -> None:
+        """Free the oldest live sequences (not ``keep``) until ``more`` new ones fit."""
+        while not self._room(more):
+            oldest = min(s for s in self.pending if s != keep)
+            self._free(oldest)
+            self._count("free (the oldest, to make room for a new sequence)")
 
     def _prompt_length(self, kind: int) -> int:
         b = self.block_size

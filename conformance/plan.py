@@ -148,17 +148,12 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
         block_size, kv, ratio, head_dim = s.block_size, s.num_kv_heads, s.gqa_ratio, s.head_dim
     else:
         block_size = draw(st.sampled_from(plan.block_sizes))
-        kv = draw(st.sampled_from(plan.kv_heads))
+        kv = draw(st.sampled_from(env.kv_heads_for(plan.kind, plan.kv_heads)))
         ratio = draw(st.sampled_from(plan.gqa_ratios))
         head_dim = draw(st.sampled_from(plan.head_dims))
     dtypes = _large_pool_dtypes(plan.dtypes) if plan.kind == "large pool" else plan.dtypes
     dtype = draw(st.sampled_from(dtypes))
-    if plan.kind == "short":
-        layers = draw(st.sampled_from(env.layers_for(kv)))
-    elif plan.kind == "wide":
-        layers = draw(st.sampled_from(env.layers_for(kv, wide=True)))
-    else:  # long prompts, large pools and production shapes cost per layer
-        layers = 1
+    layers = draw(st.sampled_from(env.layers_for(plan.kind, kv)))
     geometry, num_heads = geometry_for(block_size, kv, ratio, head_dim, dtype, layers)
     geometry = replace(geometry, num_blocks=_pool_blocks(plan, block_size))
     large_logits = draw(st.sampled_from((True, False)))  # large logits first: drawn more often
