@@ -20,9 +20,9 @@ There are two envelopes, chosen by ``capabilities.device``:
   head dim 128 with 8 query heads on 2 KV heads and blocks of 16, and head
   dim 96 with a GQA ratio of 3 and blocks of 48;
 * **device** (anything else, "cuda:0" say): every shape, 1 to 8 KV heads and
-  1 to 4 layers without a cost bound, wide batches of 64 to 256 sequences, long prompts of 2048 to 32768
-  tokens, and production shapes of head dim 128 with 32 query heads on 8 KV
-  heads.
+  1 to 4 layers without a cost bound, wide batches of 64 to 256 sequences,
+  long prompts of 2048 to 32768 tokens, and production shapes of head dim
+  128 with 32 query heads on 8 KV heads.
 
 Each tuple is in shrinking order: its first value is where a failing example
 shrinks to (block size 4 rather than 1: the smallest block in which a

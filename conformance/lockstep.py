@@ -70,6 +70,7 @@ from conformance.numerics import (
     ExampleMeter,
     output_errors,
     same_precision,
+    ulp_scale,
 )
 from conformance.workload import (
     SequenceTruth,
@@ -344,11 +345,12 @@ class Lockstep:
                 continue
             path = "; ".join(dict.fromkeys(p for p in paths if p)) or None
             same = round_to(same, dtype)
-            errors = output_errors(exact, same, actual, dtype, self._regime, path)
+            scale = ulp_scale(exact, dtype)
+            errors = output_errors(exact, same, actual, dtype, self._regime, path, scale)
             diff = first_output_difference(self.step_index, layer, exact, actual, errors, rows)
             if diff is not None:
                 raise ConformanceFailure(diff, self.log)
-            self._example.add(exact, actual, same)
+            self._example.add(exact, actual, same, scale[0])
             self.checks["attention outputs judged against the same-precision reference"] += len(
                 rows
             )

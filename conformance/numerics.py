@@ -44,7 +44,7 @@ the constants below measured on the project's correct backends:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -112,11 +112,17 @@ LARGE_LOGITS = "large logits (scale 16/sqrt(D): scores spread about 16)"
 USUAL_SCALE = "usual scale (1/sqrt(D))"
 
 
+_EXPONENT_BITS = np.int64(0x7FF0_0000_0000_0000)
+
+
 def ulp(x: F64, dtype: str) -> F64:
-    """The spacing of ``dtype`` numbers at ``|x|`` (subnormal spacing below the smallest normal)."""
-    _, exponent = np.frexp(np.abs(np.asarray(x, dtype=np.float64)))
-    e = np.maximum(exponent - 1, MIN_NORMAL_EXPONENT[dtype])
-    out: F64 = np.ldexp(1.0, e - MANTISSA_BITS[dtype])
+    """The spacing of ``dtype`` numbers at ``|x|`` (subnormal spacing below the smallest normal).
+
+    The power of two at or below ``|x|`` is ``x``'s float64 exponent bits alone.
+    """
+    bits = np.asarray(x, dtype=np.float64).view(np.int64) & _EXPONENT_BITS
+    power = np.maximum(bits.view(np.float64), 2.0 ** MIN_NORMAL_EXPONENT[dtype])
+    out: F64 = power * 2.0 ** -MANTISSA_BITS[dtype]
     return out
 
 
@@ -137,11 +143,21 @@ def same_precision(dtype: str, quantized_kv: bool) -> Precision:
     )
 
 
-def _in_ulps(exact: F64, actual: F64, floor: float, dtype: str) -> F64:
-    """``|actual - exact|`` in ulps at ``max(|exact|, floor)``; NaN counts as infinitely far."""
+def _in_ulps(exact: F64, actual: F64, scale: F64) -> F64:
+    """``|actual - exact|`` in units of ``scale``; NaN counts as infinitely far."""
     with np.errstate(invalid="ignore", over="ignore"):
-        out: F64 = np.abs(actual - exact) / ulp(np.maximum(np.abs(exact), floor), dtype)
+        out: F64 = np.abs(actual - exact) / scale
     return np.where(np.isnan(out), np.inf, out)
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def ulp_scale(exact: F64, dtype: str) -> tuple[F64, float]:
+    """The ulp each output's error is measured in, and the magnitude floor under it."""
+    floor = magnitude_floor(exact, dtype)
+    return ulp(np.maximum(np.abs(exact), floor), dtype), floor
 
 
 def magnitude_floor(exact: F64, dtype: str) -> float:
@@ -156,7 +172,9 @@ class OutputErrors:
 
     ``*_ulps`` are errors in ulps (see the module docstring); the others are
     absolute. ``max_rel_error`` counts only outputs whose expected magnitude
-    is above ``floor``: relative errors of values near zero say nothing.
+    is above ``floor``: relative errors of values near zero say nothing. The
+    distribution (p99, mean signed, relative) is computed only for a step
+    that fails, where a person reads it.
     """
 
     dtype: str
@@ -167,12 +185,12 @@ class OutputErrors:
     ratio: float
     floor_ulps: float
     max_error: float
-    p99_error: float
-    mean_signed_error: float
     reference_error: float
     floor: float
-    max_rel_error: float
     count: int
+    p99_error: float | None = None  # the distribution: computed for a failing step only
+    mean_signed_error: float | None = None
+    max_rel_error: float | None = None
     scale_regime: str = USUAL_SCALE
     attention_path: str | None = None
 
@@ -196,9 +214,9 @@ class OutputErrors:
             f"{self.allowed_ulps:.3g} ulp = {self.ratio:g} x the same-precision reference's "
             f"{self.reference_ulps:.3g} ulp + {self.floor_ulps:g} ulp ({self.dtype})",
             f"  absolute errors over {self.count} outputs: max {self.max_error:.3g} "
-            f"(same-precision reference: {self.reference_error:.3g}), p99 {self.p99_error:.3g}, "
-            f"mean signed {self.mean_signed_error:.3g}; max relative error "
-            f"{self.max_rel_error:.3g} where |expected| > {self.floor:.3g}",
+            f"(same-precision reference: {self.reference_error:.3g}), p99 "
+            f"{_g(self.p99_error)}, mean signed {_g(self.mean_signed_error)}; max relative "
+            f"error {_g(self.max_rel_error)} where |expected| > {self.floor:.3g}",
             f"  scale regime: {self.scale_regime}",
         ]
         if self.attention_path:
@@ -207,7 +225,7 @@ class OutputErrors:
 
     def ulps(self, exact: F64, actual: F64) -> F64:
         """Each output's error in the ulps this judgement uses."""
-        return _in_ulps(exact, actual, self.floor, self.dtype)
+        return _in_ulps(exact, actual, ulp(np.maximum(np.abs(exact), self.floor), self.dtype))
 
 
 def output_errors(
@@ -217,19 +235,17 @@ def output_errors(
     dtype: str,
     scale_regime: str = USUAL_SCALE,
     attention_path: str | None = None,
+    scale: tuple[F64, float] | None = None,
 ) -> OutputErrors:
-    """Judge ``actual`` against ``exact``, allowing a multiple of ``same``'s own error (check 1)."""
+    """Judge ``actual`` against ``exact``, allowing a multiple of ``same``'s own error (check 1).
+
+    ``scale`` is :func:`ulp_scale` of ``exact``, when the caller has it already.
+    """
+    unit, floor = ulp_scale(exact, dtype) if scale is None else scale
+    ulps, ref_ulps = _in_ulps(exact, actual, unit), _in_ulps(exact, same, unit)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = actual - exact
-        abs_err = np.abs(err)
-    finite = bool(np.isfinite(abs_err).all())
-    big = float("inf")
-    floor = magnitude_floor(exact, dtype)
-    above = np.abs(exact) > floor
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rel = abs_err[above] / np.abs(exact[above])
-    ulps, ref_ulps = _in_ulps(exact, actual, floor, dtype), _in_ulps(exact, same, floor, dtype)
-    return OutputErrors(
+        max_error = float(np.abs(actual - exact).max(initial=0.0))
+    errors = OutputErrors(
         dtype=dtype,
         max_ulps=float(ulps.max(initial=0.0)),
         reference_ulps=float(ref_ulps.max(initial=0.0)),
@@ -237,15 +253,30 @@ def output_errors(
         reference_mean_ulps=float(ref_ulps.mean()) if ref_ulps.size else 0.0,
         ratio=RATIO[dtype],
         floor_ulps=FLOOR_ULPS[dtype],
-        max_error=float(abs_err.max(initial=0.0)) if finite else big,
-        p99_error=float(np.percentile(abs_err, 99)) if finite and abs_err.size else big,
-        mean_signed_error=float(err.mean()) if finite and err.size else big,
+        max_error=max_error if np.isfinite(max_error) else float("inf"),
         reference_error=float(np.abs(same - exact).max(initial=0.0)),
         floor=floor,
-        max_rel_error=float(rel.max(initial=0.0)) if finite else big,
-        count=int(err.size),
+        count=int(exact.size),
         scale_regime=scale_regime,
         attention_path=attention_path,
+    )
+    return errors if errors.passed else _with_distribution(errors, exact, actual)
+
+
+def _with_distribution(errors: OutputErrors, exact: F64, actual: F64) -> OutputErrors:
+    """``errors`` with the distribution a failure report shows (infinite where any is NaN)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        err = actual - exact
+        above = np.abs(exact) > errors.floor
+        rel = np.abs(err[above]) / np.abs(exact[above])
+    if not np.isfinite(err).all():
+        inf = float("inf")
+        return replace(errors, p99_error=inf, mean_signed_error=inf, max_rel_error=inf)
+    return replace(
+        errors,
+        p99_error=float(np.percentile(np.abs(err), 99)) if err.size else 0.0,
+        mean_signed_error=float(err.mean()) if err.size else 0.0,
+        max_rel_error=float(rel.max(initial=0.0)),
     )
 
 
@@ -321,9 +352,9 @@ class ExampleMeter:
         self._sums = np.zeros(4)  # backend ulps, reference ulps, signed ulps, outward ulps
         self._count = 0
 
-    def add(self, exact: F64, actual: F64, same: F64) -> None:
-        floor = magnitude_floor(exact, self.dtype)
-        scale = ulp(np.maximum(np.abs(exact), floor), self.dtype)
+    def add(self, exact: F64, actual: F64, same: F64, unit: F64 | None = None) -> None:
+        """One step's outputs; ``unit`` is :func:`ulp_scale`'s, when the caller has it."""
+        scale = ulp_scale(exact, self.dtype)[0] if unit is None else unit
         with np.errstate(invalid="ignore", over="ignore"):
             signed = (actual - exact) / scale
             ref = np.abs(same - exact) / scale

@@ -207,7 +207,7 @@ def paged_attention(
     variant = PLAIN if variant is None else variant
     variant.check_heads(num_heads)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
-    out = np.zeros((batch.num_tokens, num_heads, head_dim))
+    out = np.empty((batch.num_tokens, num_heads, head_dim))  # every row is some sequence's
     decodes = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
     for chunk in _decode_groups(batch, decodes, num_kv_heads * head_dim):
         rows = [batch.query_start_loc[i] for i in chunk]
@@ -344,28 +344,34 @@ def _attend_batch(
     q = q.reshape(s, h_kv, -1, d)
     k = np.asarray(key, dt).transpose(0, 1, 3, 2)  # [S, H_kv, D, t]
     v = np.asarray(value, dt)
-    scores = (q @ k).reshape(s, num_heads, n, t) * dt.type(scale)
+    # In place where it can be: at production sizes each temporary is tens of megabytes.
+    scores = (q @ k).reshape(s, num_heads, n, t)
+    scores *= dt.type(scale)
     if variant.softcap is not None:
         cap = dt.type(variant.softcap)
-        scores = cap * np.tanh(scores / cap)
+        scores /= cap
+        np.tanh(scores, out=scores)
+        scores *= cap
     if variant.alibi_slopes is not None:
         distance = key_pos[:, None, :] - positions[:, :, None]  # [S, n, t], <= 0 where visible
         slopes = np.asarray(variant.alibi_slopes, dtype=dt)[None, :, None, None]
-        scores = scores + slopes * distance[:, None].astype(dt)
+        scores += slopes * distance[:, None].astype(dt)
     visible = (key_pos[:, None, :] <= positions[:, :, None]) & valid[:, None, :]  # [S, n, t]
     if variant.window is not None:
         visible &= key_pos[:, None, :] > positions[:, :, None] - variant.window
-    scores = np.where(visible[:, None], scores, dt.type(-np.inf))
+    np.copyto(scores, dt.type(-np.inf), where=~visible[:, None])
     top = scores.max(axis=-1, keepdims=True)  # finite: every query sees itself
     if variant.sinks is not None:
         sinks = np.asarray(variant.sinks, dtype=dt)[None, :, None, None]  # [1, H, 1, 1]
         top = np.maximum(top, sinks)
-    weights = np.exp(scores - top)
+    scores -= top
+    weights = np.exp(scores, out=scores)
     total = weights.sum(axis=-1, keepdims=True)
     if variant.sinks is not None:
         total = total + np.exp(sinks - top)
     if precision.round_p is None:
-        mixed = (weights / total).reshape(s, h_kv, -1, t) @ v
+        weights /= total
+        mixed = weights.reshape(s, h_kv, -1, t) @ v
     else:
         p = precision.round_p(weights).astype(dt)
         mixed = (p.reshape(s, h_kv, -1, t) @ v) / total.reshape(s, h_kv, -1, 1)

@@ -14,12 +14,12 @@ from conformance.compare import first_kv_difference, first_output_difference
 from conformance.dtypes import round_to
 from conformance.lockstep import ConformanceFailure, Lockstep
 from conformance.machine import VOCAB
+from conformance.numerics import output_errors
 from conformance.numpy_backend import NumpyPagedBackend
 from conformance.planted import PLANTED, OnlineSoftmaxNoRescale
 from conformance.report import replay_script
 from conformance.runner import run_suite
 from conformance.selftest import SELFTEST_SEED
-from conformance.numerics import output_errors
 from conformance.workload import (
     TokenKV,
     WorkloadConfig,
