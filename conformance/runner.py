@@ -119,11 +119,13 @@ def run_suite(
     max_examples: int | None = None,
     progress: Callable[[str], None] | None = None,
     shrink: bool = True,
+    passes: Iterable[str] | None = None,
 ) -> RunResult:
     """Run the lockstep machine against ``backend`` (named ``backend_ref`` in reports).
 
     Raises :class:`~conformance.plan.SetupError` if the backend can run nothing.
     ``shrink=False`` reports the first failing workload as found, unminimized (faster).
+    ``passes`` limits the run to those kinds of example (:data:`conformance.plan.PASSES`).
     """
     chosen = PROFILES[profile]
     if max_examples is not None and max_examples < 1:
@@ -143,7 +145,10 @@ def run_suite(
     )
     tick = timed_progress(stats, progress)
     start = time.monotonic()
+    kinds = None if passes is None else set(passes)
     for plan_now in plan.passes():
+        if kinds is not None and plan_now.kind not in kinds:
+            continue
         why = _pass_unavailable(backend, plan_now)
         if why:
             result.skipped += (why,)
