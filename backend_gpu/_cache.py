@@ -2,9 +2,12 @@
 
 The spec's :class:`~spec.backend.Backend` contract passes numpy float arrays;
 these backends keep one K and one V tensor per layer, each
-``[num_blocks, block_size, num_kv_heads, head_dim]`` in the geometry's dtype on
-one device, filled with NaN at creation exactly like :class:`spec.kv_memory.KVMemory`,
-so a read of a slot nobody wrote is visible, and ``read_cache`` of both agree.
+``[num_blocks, block_size, num_kv_heads, head_dim]`` in the geometry's cache
+dtype on one device, filled with NaN at creation exactly like
+:class:`spec.kv_memory.KVMemory`, so a read of a slot nobody wrote is visible,
+and ``read_cache`` of both agree. A quantized cache (``kv_dtype``) is a
+``torch.float8_e4m3fn`` / ``float8_e5m2`` tensor holding the stored fp8 values,
+which ``read_cache`` returns as they are (not times the scale).
 
 A pool of more than :data:`spec.kv_memory.LAZY_ELEMENTS` elements per layer is
 allocated with ``torch.empty`` instead: filling it would touch every page (4 GiB
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from backend_gpu.kernels._fp8 import FP8_TORCH
 from spec.backend import FloatArray, KVGeometry
 from spec.batch import BatchMetadata
 from spec.errors import InvalidRequestError
@@ -42,15 +46,21 @@ class TorchKVCache:
         shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
         self.geometry = g
         self.device = device
-        self.dtype = TORCH_DTYPES[g.dtype]
+        self.dtype = TORCH_DTYPES[g.dtype]  # the activation dtype: queries, new K and V, outputs
+        self.cache_dtype = FP8_TORCH[g.kv_dtype] if g.kv_dtype else self.dtype
         self.k = [self._nans(shape) for _ in range(g.num_layers)]
         self.v = [self._nans(shape) for _ in range(g.num_layers)]
 
     def _nans(self, shape: tuple[int, ...]) -> torch.Tensor:
         """NaN-filled storage, or uninitialised (lazy) storage for a pool too large to fill."""
         if self.geometry.num_elements > LAZY_ELEMENTS:
-            return torch.empty(shape, dtype=self.dtype, device=self.device)
-        return torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+            return torch.empty(shape, dtype=self.cache_dtype, device=self.device)
+        return torch.full(shape, float("nan"), dtype=self.cache_dtype, device=self.device)
+
+    def scales(self, layer: int) -> tuple[float, float]:
+        """This layer's ``(k_scale, v_scale)``; ``(1.0, 1.0)`` for an unquantized cache."""
+        g = self.geometry
+        return g.kv_scales[layer] if g.kv_dtype else (1.0, 1.0)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's K and V tensors (the live storage, not copies)."""
@@ -67,7 +77,7 @@ class TorchKVCache:
             raise InvalidRequestError(
                 f"{name} has shape {x.shape}, expected [>= {min_rows}, {heads}, {d}]"
             )
-        host = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        host = torch.from_numpy(np.array(x, dtype=np.float32))  # our copy: inputs are read-only
         return host.to(device=self.device, dtype=self.dtype)
 
     def slots(self, slot_mapping: Sequence[int]) -> torch.Tensor:
@@ -149,6 +159,6 @@ class TorchCacheBackend:
 
 
 def to_numpy(x: torch.Tensor) -> FloatArray:
-    """A float32 numpy copy of ``x`` (float16 and bfloat16 widen exactly)."""
+    """A float32 numpy copy of ``x`` (float16, bfloat16 and fp8 widen exactly)."""
     out: FloatArray = x.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
     return out

@@ -2,9 +2,13 @@
 
 No Triton: the KV write is an index assignment, block copies are index copies,
 and attention gathers each sequence's K and V through its block table
-(``slot = table[p // B] * B + p % B``) and runs plain softmax attention in
-float32, one sequence at a time. Slow but obviously right, on CPU or any GPU,
-and a check on the Triton kernels that shares none of their code.
+(``slot = table[p // B] * B + p % B``) and runs softmax attention in float32,
+one sequence at a time, each variant one line on the full score matrix: the
+window a mask, a sink one more column of the softmax that is dropped after it.
+An fp8 cache is written with torch's own fp8 cast (round to nearest even)
+after a float32 division and a clamp, and read as ``stored.float() * scale``.
+Slow but obviously right, on CPU or any GPU, and a check on the Triton kernels
+that shares none of their code.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import torch
 
 from backend_gpu._cache import TorchCacheBackend, to_numpy
 from backend_gpu.kernels._checks import independent_copies
-from spec.backend import DTYPES, Capabilities, FloatArray
+from spec.attention import PLAIN, VARIANTS, AttentionVariant
+from spec.backend import DTYPES, KV_DTYPES, Capabilities, FloatArray
 from spec.batch import BatchMetadata
 from spec.errors import InvalidRequestError
+from spec.quant import FP8_FORMATS
 
 
 class TorchBackend(TorchCacheBackend):
@@ -26,18 +32,32 @@ class TorchBackend(TorchCacheBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(name="torch", device=str(self.device), dtypes=frozenset(DTYPES))
+        return Capabilities(
+            name="torch",
+            device=str(self.device),
+            dtypes=frozenset(DTYPES),
+            kv_dtypes=frozenset(KV_DTYPES),
+            variants=frozenset(VARIANTS),
+        )
 
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
     ) -> None:
         k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
         n = len(slot_mapping)
-        slots = self._mem().slots(slot_mapping)
+        cache = self._mem()
+        slots = cache.slots(slot_mapping)
         keep = slots != -1
         width = k_cache.shape[2:]
-        k_cache.view(-1, *width)[slots[keep]] = k[:n][keep]
-        v_cache.view(-1, *width)[slots[keep]] = v[:n][keep]
+        kind = cache.geometry.kv_dtype
+        scales = cache.scales(layer)
+        for rows, target, scale in zip((k, v), (k_cache, v_cache), scales, strict=True):
+            stored = rows[:n][keep]
+            if kind is not None:  # spec.quant.quantize: float32 division, clamp, round to even
+                top = FP8_FORMATS[kind].max_finite
+                divisor = torch.tensor(scale, dtype=torch.float32, device=self.device)
+                stored = (stored.float() / divisor).clamp(-top, top)
+            target.view(-1, *width)[slots[keep]] = stored.to(target.dtype)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
@@ -50,7 +70,13 @@ class TorchBackend(TorchCacheBackend):
             x[dst] = x[src]
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         q, k_cache, v_cache = self._query_inputs(layer, query, batch)
         cache = self._mem()
@@ -59,13 +85,18 @@ class TorchBackend(TorchCacheBackend):
             raise InvalidRequestError(
                 f"{heads} query heads do not divide into {cache.geometry.num_kv_heads} KV heads"
             )
+        variant = PLAIN if variant is None else variant
+        variant.check_heads(heads)
+        k_scale, v_scale = cache.scales(layer)
         out = torch.empty(
             batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device
         )
         for i in range(batch.num_seqs):
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
             k, v = self._gather(k_cache, v_cache, batch.block_tables[i], batch.seq_lens[i])
-            out[start:end] = _attend(q[start:end], k, v, batch.seq_lens[i], scale).to(cache.dtype)
+            k, v = k.float() * k_scale, v.float() * v_scale  # dequantized (exact scales of 1.0)
+            attended = _attend(q[start:end], k, v, batch.seq_lens[i], scale, variant)
+            out[start:end] = attended.to(cache.dtype)
         return to_numpy(out)
 
     def _gather(
@@ -90,7 +121,12 @@ class TorchBackend(TorchCacheBackend):
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    variant: AttentionVariant = PLAIN,
 ) -> torch.Tensor:
     """Causal attention in float32: query ``j`` of ``n`` is at position ``seq_len - n + j``."""
     n, heads = q.shape[0], q.shape[1]
@@ -98,8 +134,24 @@ def _attend(
     kf = k.float().repeat_interleave(group, dim=1)  # [t, H, D]: head h reads KV head h // group
     vf = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,thd->hnt", q.float(), kf) * scale
-    pos = torch.arange(seq_len - n, seq_len, device=q.device)
-    visible = torch.arange(seq_len, device=q.device)[None, :] <= pos[:, None]
+    pos = torch.arange(seq_len - n, seq_len, device=q.device)[:, None]  # [n, 1]
+    key = torch.arange(seq_len, device=q.device)[None, :]  # [1, t]
+    if variant.softcap is not None:
+        scores = variant.softcap * torch.tanh(scores / variant.softcap)
+    if variant.alibi_slopes is not None:
+        scores = scores + _per_head(variant.alibi_slopes, q.device) * (key - pos)[None]
+    visible = key <= pos
+    if variant.window is not None:
+        visible = visible & (key > pos - variant.window)
     scores = scores.masked_fill(~visible[None], -math.inf)
-    weights = torch.softmax(scores, dim=-1)
+    if variant.sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:  # one more column per head, in the softmax only: it takes weight, adds no value
+        sink = _per_head(variant.sinks, q.device).expand(heads, n, 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     return torch.einsum("hnt,thd->nhd", weights, vf)
+
+
+def _per_head(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """One float32 value per query head, shaped ``[H, 1, 1]`` to broadcast over scores."""
+    return torch.tensor(values, dtype=torch.float32, device=device)[:, None, None]

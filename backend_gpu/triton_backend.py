@@ -5,6 +5,8 @@ importing :mod:`backend_gpu` turns on when there is no CUDA. Metadata comes
 from :class:`~spec.batch.BatchMetadata` (host tuples) and goes to the device as
 the int32/int64 tensors the kernels take; the grid sizes come from the host
 values, so no device read-back is needed beyond the wrappers' index checks.
+Every attention variant and both fp8 KV dtypes are declared and run in the
+kernels themselves (the KV write quantizes, attention dequantizes).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import backend_gpu  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines fi
 from backend_gpu._cache import TorchCacheBackend, to_numpy
 from backend_gpu.kernels import copy_blocks, paged_attention, reshape_and_cache
 from backend_gpu.kernels.attention import MAX_HEAD_DIM
-from spec.backend import DTYPES, Capabilities, FloatArray, KVGeometry
+from spec.attention import VARIANTS, AttentionVariant
+from spec.backend import DTYPES, KV_DTYPES, Capabilities, FloatArray, KVGeometry
 from spec.batch import BatchMetadata
 from spec.errors import InvalidRequestError
 
@@ -33,6 +36,7 @@ class TritonBackend(TorchCacheBackend):
         super().__init__(device)
         self.num_splits = num_splits
         self._metadata: tuple[BatchMetadata, tuple[torch.Tensor, ...]] | None = None
+        self._per_head: dict[tuple[float, ...], torch.Tensor] = {}
 
     @property
     def capabilities(self) -> Capabilities:
@@ -43,29 +47,46 @@ class TritonBackend(TorchCacheBackend):
             block_sizes=None,
             head_dims=frozenset(range(1, MAX_HEAD_DIM + 1)),
             max_gqa_ratio=None,
+            kv_dtypes=frozenset(KV_DTYPES),
+            variants=frozenset(VARIANTS),
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
         if geometry.head_dim > MAX_HEAD_DIM:
             raise InvalidRequestError(f"head_dim {geometry.head_dim} > {MAX_HEAD_DIM}")
         super().create_cache(geometry)
+        self._per_head.clear()
 
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
     ) -> None:
         k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
-        slots = self._mem().slots(slot_mapping)
-        reshape_and_cache(k, v, k_cache, v_cache, slots, check_slots=False)
+        cache = self._mem()
+        k_scale, v_scale = cache.scales(layer)
+        slots = cache.slots(slot_mapping)
+        reshape_and_cache(
+            k, v, k_cache, v_cache, slots, check_slots=False, k_scale=k_scale, v_scale=v_scale
+        )
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
         copy_blocks(cache.k, cache.v, list(copies))
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         q, k_cache, v_cache = self._query_inputs(layer, query, batch)
         qsl, lens, tables = self._device_metadata(batch)
+        k_scale, v_scale = self._mem().scales(layer)
+        if variant is not None:
+            variant.check_heads(q.shape[1])
+        v = AttentionVariant() if variant is None else variant
         out = paged_attention(
             q[: batch.num_tokens],
             k_cache,
@@ -77,8 +98,22 @@ class TritonBackend(TorchCacheBackend):
             num_splits=self.num_splits,
             max_query_len=batch.max_query_len,
             max_seq_len=batch.max_seq_len,
+            window=v.window,
+            softcap=v.softcap,
+            sinks=self._head_tensor(v.sinks),
+            alibi_slopes=self._head_tensor(v.alibi_slopes),
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         return to_numpy(out)
+
+    def _head_tensor(self, values: tuple[float, ...] | None) -> torch.Tensor | None:
+        """Per-head sinks or slopes as a float32 device tensor, made once per distinct tuple."""
+        if values is None:
+            return None
+        if values not in self._per_head:
+            self._per_head[values] = torch.tensor(values, dtype=torch.float32, device=self.device)
+        return self._per_head[values]
 
     def _device_metadata(self, batch: BatchMetadata) -> tuple[torch.Tensor, ...]:
         """The batch's metadata as device tensors, built once per step, not once per layer."""

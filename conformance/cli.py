@@ -1,24 +1,39 @@
 """``python -m conformance``: run the suite on a backend, list backends, or test the suite itself.
 
 Exit status: 0 the backend conforms (or every planted bug was caught); 1 a
-conformance failure; 2 a usage or setup error, with a message saying what to fix.
+conformance failure; 2 a usage or setup error, with a message saying what to fix;
+130 the user pressed Ctrl-C. ``run`` runs the backend in a child process
+(:mod:`conformance.isolation`), so that a crash or a hang is reported like any
+other failure; ``--in-process`` runs it here instead (for a debugger).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
+from conformance.control import (
+    DEFAULT_CALL_TIMEOUT_S,
+    RunControl,
+    at_least,
+    seconds,
+    timeout_seconds,
+)
 from conformance.discovery import installed_backends, load_backend
+from conformance.isolation import Request, database_arg, run_isolated
 from conformance.plan import SetupError
 from conformance.report import text_report, write_json, write_junit
-from conformance.runner import DATABASE_DIR, PROFILES, run_suite
+from conformance.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
 from conformance.selftest import selftest
 from spec.backend import DTYPES
 
-OK, FAILED, USAGE = 0, 1, 2
+OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+_T = TypeVar("_T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,21 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SetupError as err:
         print(f"conformance: setup error: {err}", file=sys.stderr)
         return USAGE
+    except KeyboardInterrupt:
+        print("conformance: interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED
 
 
 def _run(args: argparse.Namespace) -> int:
-    dtypes = [d for item in args.dtype for d in item.split(",") if d] if args.dtype else None
-    backend = load_backend(args.backend)
-    result = run_suite(
-        backend,
-        args.backend,
-        profile=args.profile,
-        run_seed=args.seed,
-        dtypes=dtypes,
-        database=None if args.no_database else DATABASE_DIR,
-        max_examples=args.max_examples,
-        progress=lambda line: print(f"  ... {line}", file=sys.stderr, flush=True),
-    )
+    result = _lockstep(args, _control(args))
     print(text_report(result))
     for path, writer in ((args.report, write_json), (args.junit, write_junit)):
         if path:
@@ -54,6 +61,54 @@ def _run(args: argparse.Namespace) -> int:
                 writer(result, Path(path))
             except OSError as err:
                 raise SetupError(f"cannot write the report {path}: {err}") from err
+    return _status(result)
+
+
+def _control(args: argparse.Namespace) -> RunControl:
+    return RunControl(
+        shrink=not args.no_shrink,
+        shrink_time_s=args.shrink_time,
+        long_examples=args.long_examples,
+        time_budget_s=args.time_budget,
+        call_timeout_s=args.call_timeout or None,
+    )
+
+
+def _lockstep(args: argparse.Namespace, control: RunControl) -> RunResult:
+    """The run: in a child process, unless ``--in-process`` (or no POSIX process groups)."""
+    dtypes = [d for item in args.dtype for d in item.split(",") if d] if args.dtype else None
+    database = None if args.no_database else DATABASE_DIR
+    if args.in_process or os.name != "posix":
+        return run_suite(
+            load_backend(args.backend),
+            args.backend,
+            profile=args.profile,
+            run_seed=args.seed,
+            dtypes=dtypes,
+            database=database,
+            max_examples=args.max_examples,
+            progress=_progress,
+            control=control,
+        )
+    request = Request(
+        backend=args.backend,
+        profile=args.profile,
+        seed=random.randrange(2**32) if args.seed is None else args.seed,
+        dtypes=dtypes,
+        database=database_arg(database),
+        max_examples=args.max_examples,
+        control=control,
+    )
+    return run_isolated(request, _progress)
+
+
+def _progress(line: str) -> None:
+    print(f"  ... {line}", file=sys.stderr, flush=True)
+
+
+def _status(result: RunResult) -> int:
+    if result.interrupted:
+        return INTERRUPTED
     return OK if result.passed else FAILED
 
 
@@ -66,15 +121,16 @@ def _list() -> int:
     return OK
 
 
-def _positive(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _argtype(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """``parse`` (a parser of :mod:`conformance.control`) with its message shown by argparse."""
+
+    def checked(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return checked
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,7 +151,43 @@ def _parser() -> argparse.ArgumentParser:
         "--dtype", action="append", help=f"limit to these dtypes ({', '.join(DTYPES)})"
     )
     run.add_argument(
-        "--max-examples", type=_positive, help="override the profile's example count (>= 1)"
+        "--max-examples",
+        type=_argtype(at_least(1)),
+        help="override the profile's example count (>= 1)",
+    )
+    run.add_argument(
+        "--long-examples",
+        type=_argtype(at_least(0)),
+        metavar="N",
+        help="long-context examples instead of the profile's (0: none)",
+    )
+    run.add_argument(
+        "--time-budget",
+        type=_argtype(seconds),
+        metavar="SECONDS",
+        help="stop drawing new examples after this long; the verdict then says so",
+    )
+    run.add_argument(
+        "--no-shrink", action="store_true", help="report a failing workload as found (faster)"
+    )
+    run.add_argument(
+        "--shrink-time",
+        type=_argtype(seconds),
+        metavar="SECONDS",
+        help="stop minimising a failing workload after this long",
+    )
+    run.add_argument(
+        "--call-timeout",
+        type=_argtype(timeout_seconds),
+        default=DEFAULT_CALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"a call taking longer is a hang (default {DEFAULT_CALL_TIMEOUT_S:g}; 0: no limit)",
+    )
+    run.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the backend in this process (for a debugger): a crash or a native hang then "
+        "takes the run down with it",
     )
     run.add_argument("--report", metavar="FILE.json", help="write a JSON report")
     run.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")

@@ -21,13 +21,15 @@ from conformance.dtypes import F64
 from conformance.numerics import ExampleErrors, OutputErrors
 
 _SHOWN = 6  # vector elements shown in a report
+FAULTS = ("exception", "shape", "input", "alias", "hang", "crash", "internal")
+"""Kinds of difference that are the backend (or the run) failing, rather than a wrong value."""
 
 
 @dataclass(frozen=True)
 class Difference:
     """The first place where the backend and the spec disagree."""
 
-    what: str  # "K", "V", "output", "outputs" (a whole example's), "shape", or "exception"
+    what: str  # "K", "V", "output", "outputs" (a whole example's), or one of FAULTS
     step: int
     detail: str
     layer: int | None = None
@@ -56,7 +58,7 @@ class Difference:
         ):
             if value is not None:
                 where.append(f"{label} {value}")
-        if self.what in ("exception", "shape"):
+        if self.what in FAULTS:
             lines = [f"the backend failed at {', '.join(where)}: {self.detail}"]
         else:
             lines = [f"{self.what} differs at {', '.join(where)}: {self.detail}"]

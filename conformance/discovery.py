@@ -50,7 +50,7 @@ def load_backend(ref: str) -> Backend:
         raise SetupError(f"{ref!r}: {module_name} has no callable {attr!r}")
     try:
         backend = factory()
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # sys.exit in a factory is a setup error too
         raise SetupError(f"{ref!r}: calling {attr}() raised {type(err).__name__}: {err}") from err
     missing = [m for m in _METHODS if not callable(getattr(backend, m, None))]
     if missing:
@@ -60,7 +60,7 @@ def load_backend(ref: str) -> Backend:
         )
     try:
         caps = backend.capabilities
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         raise SetupError(
             f"{ref!r}: reading .capabilities raised {type(err).__name__}: {err}"
         ) from err
@@ -92,7 +92,7 @@ def _import(module_name: str, ref: str) -> ModuleType:
         return importlib.import_module(module_name)
     except SetupError:
         raise
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         raise SetupError(
             f"{ref!r}: importing {module_name} raised {type(err).__name__}: {err}"
         ) from err

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.workload import LONG_CONTEXT_SLOTS, LONG_PROMPTS
+
 HEAD_DIMS = (8, 16, 32, 64, 128, 80, 96, 112, 256)
 """Small head dims for shrinking, then the production ones."""
 BLOCK_SIZES = (4, 1, 3, 8, 16, 32, 48, 64)
@@ -127,10 +129,10 @@ CPU = Envelope(
     wide_seqs=(16, 24, 32),
     wide_kv_heads_x_layers=2,
     long_kv_heads=1,
-    long_prompts=(300, 1100),
+    long_prompts=LONG_PROMPTS,
     long_lengths=(300, 1100, 1025, 513),
     long_chunks=(256, 128, 512, 1024),
-    long_pool_tokens=2048,
+    long_pool_tokens=LONG_CONTEXT_SLOTS,
     production=(Shape(128, 2, 4, 16), Shape(96, 2, 3, 48)),
 )
 

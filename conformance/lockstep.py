@@ -72,6 +72,7 @@ from conformance.numerics import (
     same_precision,
     ulp_scale,
 )
+from conformance.variants import describe, describe_kv
 from conformance.workload import (
     SequenceTruth,
     TokenKV,
@@ -155,6 +156,7 @@ class Lockstep:
             dtype=g.dtype,
         )
         self._guards = self._guard_blocks()
+        self.guard.attach(self)  # the guard reports the workload with each call
         with self._op():
             self._call("create_cache", backend.create_cache, self.backend_geometry)
             self._prime()
@@ -258,7 +260,7 @@ class Lockstep:
                     block_offset=self.base,
                 )
                 if diff is not None:
-                    raise ConformanceFailure(diff, self.log)
+                    raise ConformanceFailure(self._named(diff, layer), self.log)
             self._check_guards(layer)
         self.checks["K and V slots compared exactly"] += 2 * g.num_layers * len(ids) * b
         if blocks is None:
@@ -349,7 +351,7 @@ class Lockstep:
             errors = output_errors(exact, same, actual, dtype, self._regime, path, scale)
             diff = first_output_difference(self.step_index, layer, exact, actual, errors, rows)
             if diff is not None:
-                raise ConformanceFailure(diff, self.log)
+                raise ConformanceFailure(self._named(diff, layer), self.log)
             self._example.add(exact, actual, same, scale[0])
             self.checks["attention outputs judged against the same-precision reference"] += len(
                 rows
@@ -529,19 +531,29 @@ class Lockstep:
         return owners
 
     def _read(self, layer: int, blocks: list[int], backend_ids: bool = False) -> tuple[F64, F64]:
-        """K and V of spec ``blocks`` (backend ids if ``backend_ids``), as the backend has them."""
+        """K and V of spec ``blocks`` (backend ids if ``backend_ids``), as the backend has them.
+
+        The whole of a pool that is not large is read with ``read_cache`` (the
+        contract's method); some blocks, or any of a large pool, with
+        ``read_blocks`` when the backend has it.
+        """
         g = self.backend_geometry
         ids = blocks if backend_ids else [b + self.base for b in blocks]
-        shape = (len(ids), g.block_size, g.num_kv_heads, g.head_dim)
-        if self._read_blocks is not None:
+        whole = not self.base and len(ids) == g.num_blocks and not backend_ids
+        if self._read_blocks is not None and not whole:
             got = self._call("read_blocks", self._read_blocks, layer, ids)
-            what = f"read_blocks({layer}, ...)"
-        else:
-            whole = self._call("read_cache", self.backend.read_cache, layer)
-            got = tuple(np.asarray(x)[ids] if np.ndim(x) == 4 else np.asarray(x) for x in whole)
-            what = f"read_cache({layer})"
+            return self._shaped(f"read_blocks({layer}, ...)", got, len(ids), layer)
+        got = self._call("read_cache", self.backend.read_cache, layer)
+        k, v = self._shaped(f"read_cache({layer})", got, g.num_blocks, layer)
+        return (k, v) if whole else (k[ids], v[ids])
+
+    def _shaped(self, what: str, got: object, blocks: int, layer: int) -> tuple[F64, F64]:
+        """A read's K and V as float64, or a failure naming the shape it had."""
+        g = self.backend_geometry
+        shape = (blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        pair = got if isinstance(got, tuple | list) and len(got) == 2 else (got, got)
         out = []
-        for name, x in zip("KV", got, strict=True):
+        for name, x in zip("KV", pair, strict=True):
             x = _f64(x)
             if x.shape != shape:
                 self._fail(
@@ -592,7 +604,13 @@ class Lockstep:
         try:
             return self.guard.call(what, fn, *args, **kwargs)
         except BackendFault as fault:
-            self._fail("exception", fault.detail)
+            self._fail(fault.kind, fault.detail, layer=fault.layer)
+
+    def _named(self, diff: Difference, layer: int) -> Difference:
+        """``diff`` with the layer's attention variant and KV dtype (and fp8 scales) named."""
+        c = self.config
+        kind = f"{describe(c.variant(layer))}; {describe_kv(c.geometry, layer)}"
+        return replace(diff, detail=f"{diff.detail} [layer {layer}: {kind}]")
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
         raise ConformanceFailure(Difference(what, self.step_index, detail, layer=layer), self.log)

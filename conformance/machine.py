@@ -44,6 +44,7 @@ from conformance.coverage import Coverage
 from conformance.envelope import Envelope
 from conformance.lockstep import ConformanceFailure, Lockstep
 from conformance.plan import Plan
+from conformance.variants import label
 from conformance.workload import WorkloadConfig
 from spec.backend import Backend
 
@@ -534,8 +535,9 @@ class LockstepMachine(RuleBasedStateMachine):
 
 def _shape(config: WorkloadConfig, kind: str) -> str:
     g = config.geometry
-    extra = "" if kind == "short" else f" {kind}"
-    return f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}{extra}"
+    extra = {"short": "", "long": " long-context"}.get(kind, f" {kind}")
+    shape = f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}"
+    return shape + label(config) + extra  # fp8 KV and attention variants, if any
 
 
 def timed_progress(

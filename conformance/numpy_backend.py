@@ -1,13 +1,16 @@
 """A small paged backend in numpy, built from replaceable parts, for the self-test.
 
 It stores K and V in the cache dtype (bfloat16 as float32 holding bfloat16
-values), computes attention in float32 the way a GPU kernel would, and rounds
-the output to the activation dtype. Each step of the computation is one short
-method, so that :mod:`conformance.planted` can break exactly one of them and
-check that the suite notices. Cache memory is addressed by element offsets
-(``block * B * H_kv * D + ...``), as a kernel addresses it, in int64: a pool
-past 2^31 elements is allocated lazily (``np.zeros`` maps pages on first
-touch) and read back by :meth:`NumpyPagedBackend.read_blocks`.
+values; fp8 as float32 holding fp8 values), computes attention in float32 the
+way a GPU kernel would, and rounds the output to the activation dtype. Each
+step of the computation is one short method, so that :mod:`conformance.planted`
+and :mod:`conformance.planted_variants` can break exactly one of them and check
+that the suite notices: the variant steps (soft-cap, ALiBi, window, sink
+softmax) and the fp8 steps (divide by the scale, saturate, round; multiply
+back) included. Cache memory is addressed by element offsets (``block * B *
+H_kv * D + ...``), as a kernel addresses it, in int64: a pool past 2^31
+elements is allocated lazily (``np.zeros`` maps pages on first touch) and
+read back by :meth:`NumpyPagedBackend.read_blocks`.
 
 >>> from spec.backend import Backend
 >>> isinstance(NumpyPagedBackend(), Backend)
@@ -22,10 +25,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.dtypes import round_to
-from spec.backend import Capabilities, FloatArray, KVGeometry
+from spec.attention import PLAIN, VARIANTS, AttentionVariant
+from spec.backend import KV_DTYPES, Capabilities, FloatArray, KVGeometry
 from spec.batch import BatchMetadata
 from spec.block_manager import PAD_SLOT, cdiv
 from spec.errors import InvalidRequestError
+from spec.quant import FP8_FORMATS, round_fp8
 
 F32 = NDArray[np.float32]
 Ints = NDArray[np.int64]
@@ -43,11 +48,16 @@ class NumpyPagedBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(name=self.name, device="cpu")
+        return Capabilities(
+            name=self.name,
+            device="cpu",
+            kv_dtypes=frozenset(KV_DTYPES),
+            variants=frozenset(VARIANTS),
+        )
 
     def create_cache(self, geometry: KVGeometry) -> None:
         g = geometry
-        storage = np.float16 if g.dtype == "float16" else np.float32
+        storage = np.float16 if g.dtype == "float16" and g.kv_dtype is None else np.float32
         shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
         self._geometry = g
         self._k = [np.zeros(shape, dtype=storage) for _ in range(g.num_layers)]
@@ -62,8 +72,8 @@ class NumpyPagedBackend:
         keep = self._written(slots)
         row = g.num_kv_heads * g.head_dim
         index = self._slot_offsets(slots[keep])[:, None] + np.arange(row)
-        for cache, rows in ((self._k[layer], key), (self._v[layer], value)):
-            values = round_to(np.asarray(rows)[:n][keep], g.dtype)
+        for which, (cache, rows) in enumerate(((self._k[layer], key), (self._v[layer], value))):
+            values = self._store(np.asarray(rows)[:n][keep], layer, which)
             cache.reshape(-1)[index] = values.reshape(-1, row)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
@@ -72,9 +82,16 @@ class NumpyPagedBackend:
                 self._copy_block(layer, src, dst)
 
     def attention(
-        self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
     ) -> FloatArray:
         g = self._geo()
+        variant = PLAIN if variant is None else variant
         q = np.asarray(query, dtype=np.float32)
         out = np.zeros((batch.num_tokens, q.shape[1], g.head_dim), dtype=np.float32)
         for i in range(batch.num_seqs):
@@ -82,7 +99,9 @@ class NumpyPagedBackend:
             k, v = self._gather(layer, self._table(batch, i), batch.seq_lens[i])
             positions = self._query_positions(batch.seq_lens[i], end - start)
             visible = self._visible(positions, k.shape[0], batch.seq_lens[i])
-            out[start:end] = self._attend(q[start:end], k, v, visible, scale)
+            if variant.window is not None:
+                visible &= self._in_window(positions, k.shape[0], variant.window)
+            out[start:end] = self._attend(q[start:end], k, v, visible, scale, positions, variant)
         return self._round_output(out)
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
@@ -96,6 +115,41 @@ class NumpyPagedBackend:
         return self._k[layer][ids].astype(np.float32), self._v[layer][ids].astype(np.float32)
 
     # -- the replaceable parts ----------------------------------------------------
+
+    def _store(self, rows: NDArray[np.floating], layer: int, which: int) -> NDArray[np.floating]:
+        """What the cache holds for new rows: the values, or their fp8 quantization."""
+        g = self._geo()
+        if g.kv_dtype is None:
+            return round_to(rows, g.dtype)
+        scale = np.float32(g.kv_scales[layer][which])
+        quotient = np.asarray(rows, dtype=np.float32) / scale  # division in float32
+        return self._fp8_round(self._saturate(quotient, g.kv_dtype), g.kv_dtype)
+
+    def _saturate(self, x: F32, kv_dtype: str) -> F32:
+        """Clip to the format's finite range: an overflow must not become NaN or infinity."""
+        top = np.float32(FP8_FORMATS[kv_dtype].max_finite)
+        out: F32 = np.clip(x, -top, top)
+        return out
+
+    def _fp8_round(self, x: F32, kv_dtype: str) -> F32:
+        """To the nearest fp8 value, ties to even. A value beyond the finite maximum (which
+        :meth:`_saturate` has already clipped) becomes what a cast without saturation makes
+        of an overflow: NaN in e4m3 (it has no infinity), infinity in e5m2."""
+        f = FP8_FORMATS[kv_dtype]
+        over = np.abs(x) > f.max_finite
+        beyond = np.copysign(np.inf, x) if f.mantissa_bits == 2 else np.full_like(x, np.nan)
+        out: F32 = np.where(over, beyond, round_fp8(x, kv_dtype)).astype(np.float32)
+        return out
+
+    def _kv_scale(self, layer: int, which: int) -> float:
+        """The scale attention multiplies stored K (``which = 0``) or V (1) by."""
+        g = self._geo()
+        return float(np.float32(g.kv_scales[layer][which])) if g.kv_dtype else 1.0
+
+    def _dequantize(self, stored: F32, scale: float) -> F32:
+        """What attention reads from a quantized cache: ``stored * scale``."""
+        out: F32 = stored * np.float32(scale)
+        return out
 
     def _write_slots(self, slots: Ints) -> Ints:
         """Where each row goes: the slot mapping as given."""
@@ -150,6 +204,9 @@ class NumpyPagedBackend:
         shape = (n, g.num_kv_heads, g.head_dim)
         k = self._k[layer].reshape(-1)[index].reshape(shape).astype(np.float32)
         v = self._v[layer].reshape(-1)[index].reshape(shape).astype(np.float32)
+        if self._geo().kv_dtype is not None:
+            k = self._dequantize(k, self._kv_scale(layer, 0))
+            v = self._dequantize(v, self._kv_scale(layer, 1))
         return k, v
 
     def _query_positions(self, seq_len: int, query_len: int) -> Ints:
@@ -161,11 +218,39 @@ class NumpyPagedBackend:
         mask: NDArray[np.bool_] = np.arange(num_keys)[None, :] <= positions[:, None]
         return mask
 
+    def _in_window(self, positions: Ints, num_keys: int, window: int) -> NDArray[np.bool_]:
+        """A window of ``w``: the query at ``p`` sees keys ``p - w < k`` (and causal ``k <= p``)."""
+        mask: NDArray[np.bool_] = np.arange(num_keys)[None, :] > positions[:, None] - window
+        return mask
+
     def _kv_head(self, head: int, num_heads: int, num_kv_heads: int) -> int:
         return head // (num_heads // num_kv_heads)
 
     def _scale(self, scale: float, head_dim: int) -> float:
         return scale
+
+    def _scores(self, q: F32, k: F32, scale: float, softcap: float | None) -> F32:
+        """Scaled scores ``[n, t]`` of one head, soft-capped when the layer caps them."""
+        scores: F32 = self._dot(q, k) * np.float32(self._scale(scale, self._geo().head_dim))
+        return scores if softcap is None else self._softcap(scores, softcap)
+
+    def _softcap(self, scores: F32, cap: float) -> F32:
+        out: F32 = np.float32(cap) * np.tanh(scores / np.float32(cap))
+        return out
+
+    def _alibi(self, scores: F32, positions: Ints, slope: float) -> F32:
+        """ALiBi: ``slope * (k - p)``, a penalty growing with the distance back to key ``k``."""
+        distance = (np.arange(scores.shape[1])[None, :] - positions[:, None]).astype(np.float32)
+        out: F32 = scores + np.float32(slope) * distance
+        return out
+
+    def _sink_softmax(self, scores: F32, sink: float) -> F32:
+        """Softmax with one more logit, the sink: in the max and the denominator, with no value."""
+        s = np.float32(sink)
+        top = np.maximum(scores.max(axis=-1, keepdims=True), s)
+        weights = np.exp(scores - top)
+        out: F32 = weights / (weights.sum(axis=-1, keepdims=True) + np.exp(s - top))
+        return out
 
     def _softmax(self, scores: F32) -> F32:
         shifted = scores - scores.max(axis=-1, keepdims=True)
@@ -190,14 +275,29 @@ class NumpyPagedBackend:
 
     # -- internals ----------------------------------------------------------------
 
-    def _attend(self, q: F32, k: F32, v: F32, visible: NDArray[np.bool_], scale: float) -> F32:
+    def _attend(
+        self,
+        q: F32,
+        k: F32,
+        v: F32,
+        visible: NDArray[np.bool_],
+        scale: float,
+        positions: Ints,
+        variant: AttentionVariant,
+    ) -> F32:
         g = self._geo()
         num_heads = q.shape[1]
         out = np.zeros_like(q)
         for h in range(num_heads):
             kv = self._kv_head(h, num_heads, g.num_kv_heads)
-            scores = self._dot(q[:, h], k[:, kv]) * np.float32(self._scale(scale, g.head_dim))
-            out[:, h] = self._weighted_sum(np.where(visible, scores, np.float32(-np.inf)), v[:, kv])
+            scores = self._scores(q[:, h], k[:, kv], scale, variant.softcap)
+            if variant.alibi_slopes is not None:
+                scores = self._alibi(scores, positions, variant.alibi_slopes[h])
+            masked = np.where(visible, scores, np.float32(-np.inf))
+            if variant.sinks is None:
+                out[:, h] = self._weighted_sum(masked, v[:, kv])
+            else:
+                out[:, h] = self._sink_softmax(masked, variant.sinks[h]) @ v[:, kv]
         return out
 
     def _geo(self) -> KVGeometry:

@@ -25,8 +25,8 @@ fork and copy-on-write rules: capabilities.copy_on_write is False
 
 The suite runs in passes (:data:`PASSES`), each a plan of its own kind:
 
->>> [p.kind for p in plan_for(Capabilities("y")).passes()]
-['short', 'wide', 'long', 'large pool', 'production', 'production']
+>>> [p.kind for p in plan_for(Capabilities("y", variants={"sinks"})).passes()]
+['short', 'wide', 'long', 'large pool', 'production', 'production', 'feature']
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 from conformance.envelope import Envelope, Shape, envelope_for
 from conformance.variants import kv_quantization, layer_variants
 from conformance.workload import (
+    LARGE_LOGIT_GAIN,
     WorkloadConfig,
     geometry_for,
     large_pool_base,
@@ -55,7 +56,7 @@ _DTYPE_ORDER = ("float16", "float32", "bfloat16")
 """fp16 first: Hypothesis draws the first value most, and fp16 overflows where others do not."""
 EXACT_SET_MAX = 16
 """A declared set of at most this many values is drawn exactly; a larger one is a range."""
-PASSES = ("short", "wide", "long", "large pool", "production")
+PASSES = ("short", "wide", "long", "large pool", "production", "feature")
 """The kinds of example, in the order they run (see docs/conformance.md)."""
 _WIDE_EXTRA = 4
 """Sequences a wide example may add beyond its starting width (new prompts mid-run)."""
@@ -84,6 +85,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     kind: str = "short"
     shape: Shape | None = None  # the production pass's one shape
+    feature: str | None = None  # the feature pass's declared variant or fp8 KV dtype
 
     @property
     def long_context(self) -> bool:
@@ -108,12 +110,23 @@ class Plan:
 
     def configs(self) -> st.SearchStrategy[WorkloadConfig]:
         """Workload configurations; they shrink towards the first value of each set."""
-        return _configs(self).filter(self._supported)
+        return _configs(self).filter(self._supported).filter(self._has_feature)
 
     def passes(self) -> list[Plan]:
-        """One plan per pass, in order (the production pass once per production shape)."""
-        plans = [replace(self, kind=k) for k in PASSES if k != "production"]
-        return plans + [replace(self, kind="production", shape=s) for s in self._shapes()]
+        """One plan per pass, in order: the production pass once per production shape, the
+        feature pass once per declared attention variant and fp8 KV dtype."""
+        plans = [replace(self, kind=k) for k in PASSES[:4]]
+        plans += [replace(self, kind="production", shape=s) for s in self._shapes()]
+        caps = self.capabilities
+        features = [*sorted(caps.variants), *sorted(caps.kv_dtypes)]
+        return plans + [replace(self, kind="feature", feature=f) for f in features]
+
+    def _has_feature(self, config: WorkloadConfig) -> bool:
+        """A feature pass's example uses its feature (some layer's variant, or the KV dtype)."""
+        f = self.feature
+        if f is None or f == config.geometry.kv_dtype:
+            return True
+        return any(f in config.variant(i).features for i in range(config.geometry.num_layers))
 
     def _supported(self, config: WorkloadConfig) -> bool:
         caps, g = self.capabilities, config.geometry
@@ -130,9 +143,19 @@ class Plan:
                 _nearest(s.gqa_ratio, self.gqa_ratios),
                 _nearest(s.block_size, self.block_sizes),
             )
-            if snapped not in shapes:
+            if snapped not in shapes and self._runs(snapped):
                 shapes.append(snapped)
         return shapes
+
+    def _runs(self, s: Shape) -> bool:
+        """Some drawn dtype runs this shape (``excludes`` may veto it)."""
+        heads = s.num_kv_heads * s.gqa_ratio
+        return any(
+            not self.capabilities.unsupported(
+                KVGeometry(1, 4, s.block_size, s.num_kv_heads, s.head_dim, d), heads
+            )
+            for d in self.dtypes
+        )
 
 
 def _nearest(value: int, allowed: tuple[int, ...]) -> int:
@@ -160,7 +183,8 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     prefix_caching = draw(st.booleans()) if plan.prefix_caching else False
     kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers))
     geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
-    variants = draw(layer_variants(plan.capabilities, layers, num_heads, plan.long_context))
+    spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
+    variants = draw(layer_variants(plan.capabilities, layers, num_heads, plan.long_context, spread))
     return WorkloadConfig(
         geometry,
         num_heads,

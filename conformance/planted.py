@@ -16,6 +16,16 @@ from numpy.typing import NDArray
 
 from conformance.dtypes import round_to
 from conformance.numpy_backend import F32, Ints, NumpyPagedBackend
+from conformance.planted_variants import (
+    AlibiSignFlipped,
+    Fp8NoSaturation,
+    Fp8ScaleIgnored,
+    Fp8ScaleTwice,
+    SinkNotInDenominator,
+    SoftcapAfterExp,
+    SoftcapUnscaled,
+    WindowOffByOne,
+)
 from spec.batch import BatchMetadata
 from spec.block_manager import cdiv
 
@@ -264,5 +274,13 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "element offsets computed in int32 (wrap past 2^31)": Int32Offsets,
     "output rounded toward zero": RoundsTowardZero,
     "P @ V accumulated in fp16": Fp16Accumulation,
+    "sliding window edge off by one (w + 1 keys)": WindowOffByOne,
+    "soft-cap applied to the unscaled scores": SoftcapUnscaled,
+    "soft-cap applied after exp": SoftcapAfterExp,
+    "attention sink left out of the softmax denominator": SinkNotInDenominator,
+    "ALiBi bias with the sign flipped": AlibiSignFlipped,
+    "fp8 KV scale applied twice": Fp8ScaleTwice,
+    "fp8 KV scale not applied": Fp8ScaleIgnored,
+    "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
 }
 """Each planted bug, by the bug class it stands for."""

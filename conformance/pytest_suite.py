@@ -3,7 +3,11 @@
     PAGED_SPEC_BACKEND=my_pkg.backend:make pytest --pyargs conformance.pytest_suite
 
 The variable takes what ``--backend`` takes: an installed name, ``module:factory``
-or ``path/to/file.py:factory``. ``PAGED_SPEC_PROFILE`` picks the profile.
+or ``path/to/file.py:factory``. The other ``PAGED_SPEC_*`` variables
+(:data:`conformance.control.ENVIRONMENT`) set the profile, seed, examples,
+dtypes, long examples, time budget, shrinking and the per-call timeout. The
+lockstep runs in a child process, as ``python -m conformance run`` does, so a
+crash or a hang of the backend is reported as a failure of that test.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from spec.backend import Backend
 
 class TestBackendFromEnvironment(BackendConformance):
     """:class:`BackendConformance` against the backend ``PAGED_SPEC_BACKEND`` names."""
+
+    conformance_isolated = True
 
     @pytest.fixture
     def backend(self) -> Backend:

@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,8 @@ def reproduce_command(result: RunResult) -> str:
 def text_report(result: RunResult) -> str:
     """The summary a person reads: verdict, what ran, what was skipped, and any difference."""
     s = result.stats
-    verdict = "PASSED" if result.passed else "FAILED"
     lines = [
-        f"conformance: backend {result.backend!r} "
-        f"(profile {result.profile}, seed {result.seed}): {verdict}",
-        f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
-        f"{result.wall_time_s:.1f} s",
+        *summary_lines(result),
         "  rules exercised:",
         *(f"    {count:7d}  {name}" for name, count in sorted(s.rules.items())),
         "  invariants checked:",
@@ -78,14 +75,12 @@ def text_report(result: RunResult) -> str:
     lines += ["  skipped:", *(f"    {why}" for why in _skips(result))] if _skips(result) else []
     if result.difference is not None:
         lines += ["", "FIRST DIFFERENCE", result.difference.describe()]
-        if result.flaky:
-            lines.append("  (flaky: the backend failed once but not on replay; nondeterminism?)")
-        lines += [
-            "",
-            "SHRUNK FAILING WORKLOAD (save as replay.py, run: python replay.py)",
-            replay_script(result),
-            f"reproduce the run: {reproduce_command(result)}",
-        ]
+        lines += _nondeterminism_lines(result)
+        if result.diagnostics:
+            lines += ["", "WHAT THE BACKEND PROCESS PRINTED LAST", *result.diagnostics]
+        if result.workload:
+            lines += ["", _workload_header(result), replay_script(result)]
+        lines.append(f"reproduce the run: {reproduce_command(result)}")
     return "\n".join(lines)
 
 
@@ -104,11 +99,95 @@ def _skips(result: RunResult) -> list[str]:
     return [*result.skipped, *during]
 
 
+def summary_lines(result: RunResult) -> list[str]:
+    """The report's first lines: backend, profile, seed and verdict; what ran; how it was run."""
+    s = result.stats
+    return [
+        f"conformance: backend {result.backend!r} "
+        f"(profile {result.profile}, seed {result.seed}): {verdict(result)}",
+        f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
+        f"{result.wall_time_s:.1f} s",
+        *_run_lines(result),
+    ]
+
+
+def verdict(result: RunResult) -> str:
+    """One phrase that cannot be mistaken: a full pass, a pass within a budget, or the failure.
+
+    >>> from conformance.machine import RunStats
+    >>> from spec.backend import Capabilities
+    >>> cut = RunResult("x", "quick", 1, Capabilities("x"), (), RunStats(examples=9))
+    >>> cut.stopped = "time budget"
+    >>> verdict(cut)
+    'passed within the time budget: 9 examples'
+    """
+    if result.interrupted:
+        return "INTERRUPTED (Ctrl-C): no verdict"
+    if result.difference is None:
+        if result.stopped:
+            return f"passed within the {result.stopped}: {result.stats.examples} examples"
+        return "PASSED"
+    if result.nondeterminism is not None:
+        return "FAILED: the backend is not deterministic"
+    return {
+        "crash": "FAILED: the backend process crashed",
+        "hang": "FAILED: a backend call hung",
+        "internal": "FAILED: the run stopped with an error",
+    }.get(result.difference.what, "FAILED")
+
+
+def _run_lines(result: RunResult) -> list[str]:
+    """How the run was bounded: a time budget that cut it short, the slowest call, isolation."""
+    c, lines = result.control, []
+    short, long = result.requested
+    if result.stopped:
+        lines.append(
+            f"  stopped early: the {result.stopped} ({c.time_budget_s:g} s) was spent; the run "
+            f"asked for {short} + {long} long-context examples: this is not a full run"
+        )
+    elif long == 0:
+        lines.append("  long-context examples: none (0 asked for)")
+    call, seconds = result.slowest_call
+    timeout = "none" if c.call_timeout_s is None else f"{c.call_timeout_s:g} s"
+    where = "in a child process" if result.isolated else "in this process"
+    slowest = f"slowest {seconds:.2f} s: {call}" if call else "none made"
+    lines.append(f"  backend calls {where}; {slowest}; per-call timeout {timeout}")
+    return lines
+
+
+def _nondeterminism_lines(result: RunResult) -> list[str]:
+    if result.nondeterminism is not None:
+        first, again = result.nondeterminism
+        if result.difference is not None and first == result.difference.describe():
+            first = "the difference above"
+        return [
+            "",
+            "THE BACKEND IS NOT DETERMINISTIC: the same workload gave two outcomes",
+            "  first run:",
+            *(f"    {line}" for line in first.splitlines()),
+            "  replay of the workload below:",
+            *(f"    {line}" for line in again.splitlines()),
+        ]
+    if result.flaky:
+        return ["  (flaky: the failure vanished on one replay but came back on another)"]
+    return []
+
+
+def _workload_header(result: RunResult) -> str:
+    run = "(save as replay.py, run: python replay.py)"
+    if result.shrunk:
+        note = f"\n{result.shrink_note}" if result.shrink_note else ""
+        return f"SHRUNK FAILING WORKLOAD {run}{note}"
+    why = result.shrink_note or "not shrunk"
+    return f"FAILING WORKLOAD, {why} {run}"
+
+
 def _examples(result: RunResult) -> str:
     s = result.stats
     if s.first_failure_example is None:
         return f"{s.examples} examples"
-    return f"failed in example {s.first_failure_example}; {s.examples} examples with shrinking"
+    total = "with shrinking" if result.shrunk else "in all"
+    return f"failed in example {s.first_failure_example}; {s.examples} examples {total}"
 
 
 def json_report(result: RunResult) -> dict[str, Any]:
@@ -123,6 +202,14 @@ def json_report(result: RunResult) -> dict[str, Any]:
         },
         "seed": result.seed,
         "passed": result.passed,
+        "verdict": verdict(result),
+        "complete": result.complete,
+        "stopped": result.stopped,
+        "interrupted": result.interrupted,
+        "requested": {"examples": result.requested[0], "long_examples": result.requested[1]},
+        "control": asdict(result.control),
+        "isolated": result.isolated,
+        "slowest_call": {"call": result.slowest_call[0], "seconds": result.slowest_call[1]},
         "wall_time_s": round(result.wall_time_s, 3),
         "examples": s.examples,
         "first_failure_example": s.first_failure_example,
@@ -149,6 +236,14 @@ def json_report(result: RunResult) -> dict[str, Any]:
             "replay_script": replay_script(result),
             "reproduce": reproduce_command(result),
             "flaky": result.flaky,
+            "kind": result.difference.what,
+            "shrunk": result.shrunk,
+            "shrink_note": result.shrink_note,
+            "nondeterministic": result.nondeterminism is not None,
+            "outcomes": None
+            if result.nondeterminism is None
+            else dict(zip(("first", "replay"), result.nondeterminism, strict=True)),
+            "diagnostics": list(result.diagnostics),
         },
     }
 
@@ -164,8 +259,8 @@ def write_junit(result: RunResult, path: Path) -> None:
         "testsuite",
         name="conformance",
         tests=str(1 + len(_skips(result))),
-        failures=str(int(not result.passed)),
-        errors="0",
+        failures=str(int(result.difference is not None)),
+        errors=str(int(result.interrupted)),
         skipped=str(len(_skips(result))),
         time=f"{result.wall_time_s:.3f}",
     )
@@ -174,6 +269,8 @@ def write_junit(result: RunResult, path: Path) -> None:
         ("backend", result.backend),
         ("profile", result.profile),
         ("seed", str(result.seed)),
+        ("verdict", verdict(result)),
+        ("complete", str(result.complete).lower()),
     ):
         ET.SubElement(props, "property", name=name, value=value)
     classname = f"conformance.{result.backend}"
@@ -185,6 +282,8 @@ def write_junit(result: RunResult, path: Path) -> None:
             case, "failure", message=result.difference.describe().splitlines()[0]
         )
         failure.text = text_report(result)
+    elif result.interrupted:
+        ET.SubElement(case, "error", message=verdict(result)).text = text_report(result)
     for why in _skips(result):
         skipped = ET.SubElement(
             ET.SubElement(suite, "testcase", classname=classname, name=why), "skipped"

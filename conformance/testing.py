@@ -12,25 +12,38 @@ One combined class, so that nothing is forgotten: subclass it, supply a
         def backend(self):
             return MyBackend()
 
-Class attributes tune the run: ``conformance_profile`` (``"quick"`` unless the
-``PAGED_SPEC_PROFILE`` environment variable says otherwise),
-``conformance_seed``, ``conformance_dtypes``, and ``backend_ref``, the name a
+Class attributes tune the run: ``conformance_profile`` (``"quick"`` by
+default), ``conformance_seed``, ``conformance_dtypes``,
+``conformance_examples``, ``conformance_control`` (a
+:class:`~conformance.control.RunControl`), and ``backend_ref``, the name a
 failure's replay script uses to load the backend (by default the backend's
-class, as ``module:Class``).
+class, as ``module:Class``). The ``PAGED_SPEC_*`` environment variables
+(:data:`conformance.control.ENVIRONMENT`) override them, so that a person
+running the tests can reproduce a seed or bound a run without editing code.
+
+The run is in process: the backend is the fixture's object. Set
+``conformance_isolated = True`` (with a ``backend_ref`` that loads it) to run it
+in a child process instead, as ``python -m conformance run`` does, so that a
+crash or a native hang is reported rather than taking pytest down. Every run
+prints its verdict and seed in pytest's terminal summary, passing or not.
 """
 
 from __future__ import annotations
 
-import os
+import random
 
 import numpy as np
+import pytest
 
-from conformance.plan import plan_for
-from conformance.report import text_report
-from conformance.runner import PROFILES, run_suite
+from conformance.control import RunControl, environment_options
+from conformance.isolation import Request, database_arg, run_isolated
+from conformance.plan import SetupError, plan_for
+from conformance.report import summary_lines, text_report
+from conformance.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
 from spec.backend import DTYPES, Backend, Capabilities, KVGeometry
 
 PROFILE_ENV_VAR = "PAGED_SPEC_PROFILE"
+_PLUGIN = "paged-spec-conformance-summary"
 
 
 class BackendConformance:
@@ -39,6 +52,9 @@ class BackendConformance:
     conformance_profile: str | None = None
     conformance_seed: int | None = None
     conformance_dtypes: tuple[str, ...] | None = None
+    conformance_examples: int | None = None
+    conformance_control: RunControl | None = None
+    conformance_isolated: bool = False
     backend_ref: str | None = None
 
     def test_satisfies_the_backend_protocol(self, backend: Backend) -> None:
@@ -65,19 +81,89 @@ class BackendConformance:
         assert np.array_equal(np.asarray(k)[1, 0], rows[0]), "K did not read back exactly"
         assert np.array_equal(np.asarray(v)[1, 0], -rows[0]), "V did not read back exactly"
 
-    def test_lockstep_with_the_spec(self, backend: Backend) -> None:
-        profile = self.conformance_profile or os.environ.get(PROFILE_ENV_VAR, "quick")
-        assert profile in PROFILES, f"{PROFILE_ENV_VAR}={profile!r}: choose from {list(PROFILES)}"
+    def test_lockstep_with_the_spec(self, backend: Backend, request: pytest.FixtureRequest) -> None:
+        result = self._run_lockstep(backend)
+        if result.interrupted:  # Ctrl-C during an isolated run: stop the session, as usual
+            raise KeyboardInterrupt
+        _summary(request.config).add(result)
+        if not result.passed:
+            raise AssertionError(text_report(result))
+
+    def _run_lockstep(self, backend: Backend) -> RunResult:
+        """The lockstep run, under the class attributes and the environment over them."""
+        try:
+            env = environment_options()
+        except SetupError as err:
+            pytest.fail(str(err), pytrace=False)
+        profile = env.profile or self.conformance_profile or "quick"
+        if profile not in PROFILES:
+            pytest.fail(f"{PROFILE_ENV_VAR}={profile!r}: choose from {list(PROFILES)}", False)
         ref = self.backend_ref or f"{type(backend).__module__}:{type(backend).__qualname__}"
-        result = run_suite(
+        seed = env.seed if env.seed is not None else self.conformance_seed
+        dtypes = env.dtypes or self.conformance_dtypes
+        examples = env.max_examples or self.conformance_examples
+        control = _merge(self.conformance_control, env.control)
+        if self.conformance_isolated:
+            return run_isolated(
+                Request(
+                    ref,
+                    profile,
+                    _seed(seed),
+                    None if dtypes is None else list(dtypes),
+                    database_arg(DATABASE_DIR),
+                    examples,
+                    control,
+                )
+            )
+        return run_suite(
             backend,
             ref,
             profile=profile,
-            run_seed=self.conformance_seed,
-            dtypes=self.conformance_dtypes,
+            run_seed=seed,
+            dtypes=dtypes,
+            max_examples=examples,
+            control=control,
         )
-        if not result.passed:
-            raise AssertionError(text_report(result))
+
+
+def _merge(ours: RunControl | None, env: RunControl) -> RunControl:
+    """The environment's knobs where set (not default), the class's elsewhere."""
+    if ours is None:
+        return env
+    default = RunControl()
+    chosen = {
+        name: getattr(env, name) if getattr(env, name) != getattr(default, name) else value
+        for name, value in vars(ours).items()
+    }
+    return RunControl(**chosen)
+
+
+def _seed(seed: int | None) -> int:
+    return random.randrange(2**32) if seed is None else seed
+
+
+class _Summary:
+    """A pytest plugin, registered by the first run: one summary per run at the session's end."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, result: RunResult) -> None:
+        self.lines += summary_lines(result)
+        self.lines.append(f"  reproduce: PAGED_SPEC_SEED={result.seed}")
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        terminalreporter.section("paged-attention conformance")
+        for line in self.lines:
+            terminalreporter.write_line(line)
+
+
+def _summary(config: pytest.Config) -> _Summary:
+    plugin = config.pluginmanager.get_plugin(_PLUGIN)
+    if not isinstance(plugin, _Summary):
+        plugin = _Summary()
+        config.pluginmanager.register(plugin, _PLUGIN)
+    return plugin
 
 
 def _block_size(backend: Backend) -> int:

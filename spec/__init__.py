@@ -1,20 +1,30 @@
 """An executable specification of PagedAttention and continuous batching.
 
-Read the modules in this order: the first says why; each later one builds on those before it.
+Read the modules in this order. Two support every other and come first:
+:mod:`spec.errors` (what misuse raises; every failed operation changes
+nothing) and :mod:`spec.validate` (the one place arguments are checked). Then
+the first says why, and each later one imports only modules listed before it:
 
 1. :mod:`spec.kv_budget` - why: the KV cache is dynamic memory, and reserving wastes it.
-2. :mod:`spec.errors` - what misuse raises; every failed operation changes nothing.
-3. :mod:`spec.block_pool` - physical blocks, a free list, reference counts.
-4. :mod:`spec.prefix_cache` - naming a full block by its chained hash.
-5. :mod:`spec.block_manager` - block tables, growth, fork, copy-on-write, prefix hits.
-6. :mod:`spec.kv_memory` - KV memory in the paged layout; gather through a table.
-7. :mod:`spec.batch` - one step flattened into the metadata kernels consume.
-8. :mod:`spec.attention` - reference paged attention in float64.
+2. :mod:`spec.block_pool` - physical blocks, a free list, reference counts.
+3. :mod:`spec.prefix_cache` - naming a full block by its chained hash.
+4. :mod:`spec.block_manager` - block tables, growth, fork, copy-on-write, prefix hits.
+5. :mod:`spec.batch` - one step flattened into the metadata kernels consume.
+6. :mod:`spec.quant` - fp8 KV: what a quantized cache stores.
+7. :mod:`spec.kv_memory` - KV memory in the paged layout; gather through a table.
+8. :mod:`spec.attention` - reference paged attention in float64, and its variants.
 9. :mod:`spec.backend` - the contract any backend implements.
 10. :mod:`spec.request` - requests and their lifecycle.
-11. :mod:`spec.scheduler` - continuous batching: admit, run, finish every step.
-12. :mod:`spec.swap` - the host pool that preemption by swapping uses.
-13. :mod:`spec.metrics` - what a serving operator watches.
+11. :mod:`spec.swap` - the host pool that preemption by swapping uses.
+12. :mod:`spec.metrics` - what a serving operator watches.
+13. :mod:`spec.sched_policy` - the scheduler's knobs, and the rank that orders sequences.
+14. :mod:`spec.sched_queue` - queues ordered by that rank.
+15. :mod:`spec.cache_manager` - the memory side: one query and one command per decision.
+16. :mod:`spec.sched_types` - what a step decides, and the scheduler protocol.
+17. :mod:`spec.sched_continuous` - continuous batching: admit, run, finish every step.
+18. :mod:`spec.sched_static` - the static baseline.
+19. :mod:`spec.scheduler` - the lesson of the scheduler and its public names (its
+    docstring reads well first; its code only gathers 13-18).
 """
 
 from spec.attention import paged_attention

@@ -44,8 +44,8 @@ from spec.attention import VARIANTS, AttentionVariant, paged_attention
 from spec.batch import BatchMetadata
 from spec.errors import ArgumentTypeError, ArgumentValueError, InvalidRequestError
 from spec.kv_memory import KVMemory
-from spec.quant import FP8_FORMATS
-from spec.validate import check_bool, check_choice, check_int, check_positive, check_scale
+from spec.quant import FP8_FORMATS, check_fp8_scale
+from spec.validate import check_bool, check_choice, check_int, check_positive
 
 FloatArray = NDArray[np.floating]
 
@@ -99,7 +99,7 @@ class KVGeometry:
                 if not isinstance(pair, tuple) or len(pair) != 2:
                     raise ArgumentTypeError(f"kv_scales[{i}] must be a (k_scale, v_scale) tuple")
                 for j, s in enumerate(pair):
-                    check_scale(f"kv_scales[{i}][{j}]", s)
+                    check_fp8_scale(f"kv_scales[{i}][{j}]", s)
         elif self.kv_scales:
             raise ArgumentValueError("kv_scales are only for a quantized kv_dtype")
         if self.layer_groups:

@@ -35,6 +35,12 @@ The first write into the shared, partly filled block copies it first:
 [36]
 >>> m.block_table(1), m.take_copies()
 ((0, 2), [(1, 2)])
+
+A sequence id is an ``int`` (a Python int or a numpy integer, never a bool) that
+is ``>= 0``: the same rule as a block id, so that ``True`` never names sequence 1
+and ``-1`` stays free to mean padding in a batch. Token ids are ints ``>= 0``.
+Every operation checks all of its arguments (:mod:`spec.validate`) before it
+changes anything.
 """
 
 from __future__ import annotations
@@ -44,20 +50,18 @@ from dataclasses import dataclass, field
 
 from spec.block_pool import BlockHash, BlockPool
 from spec.errors import (
+    ArgumentValueError,
     DuplicateSequenceError,
-    InvalidRequestError,
     OutOfBlocksError,
+    StepBoundaryError,
     UnknownSequenceError,
 )
+from spec.kv_budget import cdiv as cdiv  # re-exported: blocks for t tokens, ceil(t / B)
 from spec.prefix_cache import block_hash, prompt_block_hashes
+from spec.validate import check_bool, check_int, check_keys, check_token_ids, is_int
 
 PAD_SLOT = -1
 """A slot-mapping entry that names no slot: a KV write skips it."""
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division: the number of ``b``-sized blocks that hold ``a`` tokens."""
-    return -(-a // b)
 
 
 @dataclass
@@ -89,15 +93,22 @@ class BlockManager:
     list returned by :meth:`take_copies` before the step's KV writes. Until
     then each pending copy holds a reference to its source block, so the
     source cannot be reallocated (and overwritten) before it has been read.
+
+    Pending copies are indexed twice, so that no operation scans them: by
+    destination (which copy fills this block) and by source (how many copies
+    still read this block, its *pins*). An append and a free cost O(1) and
+    O(blocks of the sequence) however many copies the step has made.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+        caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         self.pool = BlockPool(num_blocks, block_size)
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        self.block_size = self.pool.block_size
+        self.enable_prefix_caching = caching
         self.prefix_stats = PrefixCacheStats()
         self._seqs: dict[int, _Sequence] = {}
-        self._pending_copies: list[tuple[int, int]] = []
+        self._copies: dict[int, int] = {}  # dst -> src, in the order the copies were made
+        self._pins: dict[int, int] = {}  # src -> how many pending copies read it
 
     # -- queries --------------------------------------------------------------
 
@@ -105,59 +116,57 @@ class BlockManager:
         return list(self._seqs)
 
     def __contains__(self, seq_id: object) -> bool:
-        return seq_id in self._seqs
+        """Whether ``seq_id`` names a held sequence (anything but an int names none)."""
+        return is_int(seq_id) and int(seq_id) in self._seqs  # type: ignore[call-overload]
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
-        return tuple(self._get(seq_id).table)
+        return tuple(self._get("seq_id", seq_id).table)
 
     def num_tokens(self, seq_id: int) -> int:
-        return len(self._get(seq_id).tokens)
+        return len(self._get("seq_id", seq_id).tokens)
 
     def tokens(self, seq_id: int) -> tuple[int, ...]:
-        return tuple(self._get(seq_id).tokens)
+        return tuple(self._get("seq_id", seq_id).tokens)
 
     def num_uncommitted(self, seq_id: int) -> int:
         """Tokens appended since the sequence was last laid out in a batch (KV not yet written)."""
-        seq = self._get(seq_id)
+        seq = self._get("seq_id", seq_id)
         return len(seq.tokens) - seq.num_committed
 
     def slot(self, seq_id: int, position: int) -> int:
         """The physical slot of logical position ``position``: the paging formula."""
-        seq = self._get(seq_id)
-        if not 0 <= position < len(seq.tokens):
-            raise InvalidRequestError(
-                f"position {position} is outside sequence {seq_id} (0..{len(seq.tokens) - 1})"
+        seq = self._get("seq_id", seq_id)
+        p = check_int("position", position)
+        if not 0 <= p < len(seq.tokens):
+            raise ArgumentValueError(
+                f"position must be in 0..{len(seq.tokens) - 1} (the tokens of sequence "
+                f"{seq_id}), got {p}"
             )
         b = self.block_size
-        return seq.table[position // b] * b + position % b
+        return seq.table[p // b] * b + p % b
 
     def tail_waste(self, seq_id: int) -> int:
         """Slots allocated to the sequence that hold no token: at most ``B - 1``."""
-        seq = self._get(seq_id)
+        seq = self._get("seq_id", seq_id)
         return len(seq.table) * self.block_size - len(seq.tokens)
 
     def blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
         """Fresh blocks that appending ``num_new_tokens`` would take from the pool."""
-        seq = self._get(seq_id)
-        if num_new_tokens < 0:
-            raise InvalidRequestError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        grow = cdiv(len(seq.tokens) + num_new_tokens, self.block_size) - len(seq.table)
-        return grow + int(num_new_tokens > 0 and self._needs_copy(seq))
+        seq = self._get("seq_id", seq_id)
+        return self._blocks_needed(seq, check_int("num_new_tokens", num_new_tokens, low=0))
 
     def can_append(self, seq_id: int, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq_id, num_new_tokens) <= self.pool.num_available
 
     def cached_prefix(self, prompt: Sequence[int], extra_keys: Sequence[Hashable] = ()) -> int:
         """How many prompt tokens :meth:`add_sequence` would take from the cache (a pure query)."""
-        if not self.enable_prefix_caching or not prompt:
-            return 0
-        usable = (len(prompt) - 1) // self.block_size
-        hits = 0
-        for h in prompt_block_hashes(prompt, self.block_size, tuple(extra_keys))[:usable]:
-            if self.pool.cached_block(h) is None:
-                break
-            hits += 1
-        return hits * self.block_size
+        tokens = check_token_ids("prompt", prompt)
+        hits = self._cache_hits(tokens, check_keys("extra_keys", extra_keys))
+        return len(hits) * self.block_size
+
+    def pending_copies(self) -> tuple[tuple[int, int], ...]:
+        """The copies ``(src, dst)`` recorded and not yet taken, oldest first (a pure query)."""
+        return tuple((src, dst) for dst, src in self._copies.items())
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -172,24 +181,19 @@ class BlockManager:
         (the next token's logits) is needed. The caller then appends slots for
         the remaining prompt tokens, ``prompt[returned:]``.
         """
-        if seq_id in self._seqs:
-            raise DuplicateSequenceError(f"sequence {seq_id} already exists")
-        seq = _Sequence(extra_keys=tuple(extra_keys))
-        if self.enable_prefix_caching and prompt:
-            usable = (len(prompt) - 1) // self.block_size  # leave >= 1 token to compute
-            hashes = prompt_block_hashes(prompt, self.block_size, seq.extra_keys)[:usable]
-            for h in hashes:
-                block = self.pool.cached_block(h)
-                if block is None:
-                    break  # chained hashes: after the first miss nothing can hit
-                self.pool.incref(block)
-                seq.table.append(block)
-                seq.hashes.append(h)
-            seq.tokens = list(prompt[: len(seq.table) * self.block_size])
-            self.prefix_stats.queried_tokens += len(prompt)
+        sid = self._new_id("seq_id", seq_id)
+        tokens = check_token_ids("prompt", prompt)
+        seq = _Sequence(extra_keys=check_keys("extra_keys", extra_keys))
+        for h, block in self._cache_hits(tokens, seq.extra_keys):
+            self.pool.incref(block)
+            seq.table.append(block)
+            seq.hashes.append(h)
+        seq.tokens = list(tokens[: len(seq.table) * self.block_size])
+        if self.enable_prefix_caching and tokens:
+            self.prefix_stats.queried_tokens += len(tokens)
             self.prefix_stats.hit_tokens += len(seq.tokens)
         seq.num_committed = len(seq.tokens)  # cached blocks already hold their KV
-        self._seqs[seq_id] = seq
+        self._seqs[sid] = seq
         return len(seq.tokens)
 
     def append_slots(self, seq_id: int, token_ids: Sequence[int]) -> list[int]:
@@ -197,22 +201,24 @@ class BlockManager:
 
         Copies the last block first if it is shared (copy-on-write), then grows
         the table one block at a time. Raises :class:`OutOfBlocksError` and
-        changes nothing if the pool cannot supply every block needed.
+        changes nothing (but count the failure) if the pool cannot supply
+        every block needed.
         """
-        seq = self._get(seq_id)
-        needed = self.blocks_needed(seq_id, len(token_ids))
+        seq = self._get("seq_id", seq_id)
+        tokens = check_token_ids("token_ids", token_ids)
+        needed = self._blocks_needed(seq, len(tokens))
         if needed > self.pool.num_available:
             self.pool.num_allocation_failures += 1
             raise OutOfBlocksError(
-                f"sequence {seq_id} needs {needed} blocks for {len(token_ids)} tokens, "
+                f"sequence {seq_id} needs {needed} blocks for {len(tokens)} tokens, "
                 f"{self.pool.num_available} available"
             )
-        if token_ids and self._needs_copy(seq):
+        if tokens and self._needs_copy(seq):
             self._copy_on_write(seq)
         start = len(seq.tokens)
-        while len(seq.table) < cdiv(start + len(token_ids), self.block_size):
+        while len(seq.table) < cdiv(start + len(tokens), self.block_size):
             seq.table.append(self.pool.allocate())
-        seq.tokens.extend(token_ids)
+        seq.tokens.extend(tokens)
         self._name_full_blocks(seq)
         b = self.block_size
         return [seq.table[p // b] * b + p % b for p in range(start, len(seq.tokens))]
@@ -223,7 +229,7 @@ class BlockManager:
         Tokens appended by :meth:`append_slots` are otherwise written by the
         step that schedules them (:func:`spec.batch.build_batch` checks that).
         """
-        seq = self._get(seq_id)
+        seq = self._get("seq_id", seq_id)
         seq.num_committed = len(seq.tokens)
 
     def fork(self, parent_id: int, child_id: int) -> None:
@@ -236,17 +242,18 @@ class BlockManager:
         laid out in a batch (:meth:`take_copies`), because a copy runs before
         its step's KV writes and would miss the parent's tokens of that step.
         """
-        parent = self._get(parent_id)
-        if child_id in self._seqs:
-            raise DuplicateSequenceError(f"sequence {child_id} already exists")
-        if parent.num_committed != len(parent.tokens):
-            raise InvalidRequestError(
-                f"sequence {parent_id} has {len(parent.tokens) - parent.num_committed} tokens "
-                "appended in the current step: fork after the step's batch is built"
+        parent = self._get("parent_id", parent_id)
+        cid = self._new_id("child_id", child_id)
+        pending = len(parent.tokens) - parent.num_committed
+        if pending:
+            raise StepBoundaryError(
+                f"parent_id must name a sequence with no tokens in the current step, got "
+                f"sequence {parent_id}, which has {pending} tokens appended in the current "
+                "step: fork after the step's batch is built"
             )
         for block in parent.table:
             self.pool.incref(block)
-        self._seqs[child_id] = _Sequence(
+        self._seqs[cid] = _Sequence(
             list(parent.table),
             list(parent.tokens),
             list(parent.hashes),
@@ -259,25 +266,36 @@ class BlockManager:
 
         Releasing the tail first puts the end of a cached chain ahead of its
         beginning in the eviction order: the shared beginning is the part most
-        likely to be reused.
+        likely to be reused, and a chain's end is useless without it.
+
+        Where the sequence is the last table holding a block, two promises of
+        the current step are withdrawn: a pending copy into the block is
+        dropped (nobody will read it), and a block whose content this step
+        was to write loses its hash (it will never be written, so it must
+        never be found).
         """
-        seq = self._get(seq_id)
-        mine = set(seq.table)
-        for src, dst in [c for c in self._pending_copies if c[1] in mine]:
-            self._pending_copies.remove((src, dst))  # nobody will read the copy: drop it
-            self.pool.decref(src)
+        seq = self._get("seq_id", seq_id)
+        b = self.block_size
+        for i, block in enumerate(seq.table):
+            if self.pool.ref_count(block) - self._pins.get(block, 0) == 1:
+                if block in self._copies:
+                    self._drop_copy(block)
+                if (i + 1) * b > seq.num_committed:
+                    self.pool.unregister(block)
         for block in reversed(seq.table):
             self.pool.decref(block)
-        del self._seqs[seq_id]
+        del self._seqs[int(seq_id)]
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Hand over the pending copy-on-write copies ``(src, dst)`` and release their sources.
 
         The caller must execute them (for K and V of every layer) before this
         step's KV writes. Sources are never destinations in the same list, so
-        the copies may run in any order, or all at once.
+        the copies may run in any order, or all at once. They come in the
+        order they were made, so a run is reproducible.
         """
-        copies, self._pending_copies = self._pending_copies, []
+        copies = list(self.pending_copies())
+        self._copies, self._pins = {}, {}
         for src, _ in copies:
             self.pool.decref(src)
         for seq in self._seqs.values():
@@ -293,47 +311,101 @@ class BlockManager:
     def check_integrity(self) -> None:
         """Assert every invariant of the tables and the pool (tests call this every step)."""
         holders: dict[int, int] = {}
+        b = self.block_size
         for seq_id, seq in self._seqs.items():
-            assert len(seq.table) == cdiv(len(seq.tokens), self.block_size), (
+            assert len(seq.table) == cdiv(len(seq.tokens), b), (
                 f"sequence {seq_id}: {len(seq.tokens)} tokens in {len(seq.table)} blocks"
             )
             assert len(set(seq.table)) == len(seq.table), f"sequence {seq_id}: aliased table"
-            assert len(seq.hashes) == len(seq.tokens) // self.block_size
+            assert len(seq.hashes) == len(seq.tokens) // b, (
+                f"sequence {seq_id}: {len(seq.hashes)} hashes, {len(seq.tokens) // b} full blocks"
+            )
+            assert 0 <= seq.num_committed <= len(seq.tokens), (
+                f"sequence {seq_id}: {seq.num_committed} of {len(seq.tokens)} tokens committed"
+            )
             for block in seq.table:
                 holders[block] = holders.get(block, 0) + 1
-        dsts = [dst for _, dst in self._pending_copies]
-        assert len(set(dsts)) == len(dsts), f"two pending copies share a destination: {dsts}"
-        for src, dst in self._pending_copies:
-            holders[src] = holders.get(src, 0) + 1
-            assert dst not in {s for s, _ in self._pending_copies}, f"block {dst} is src and dst"
+        pins: dict[int, int] = {}
+        for dst, src in self._copies.items():
+            pins[src] = pins.get(src, 0) + 1
+            assert dst not in self._copies.values(), f"block {dst} is src and dst"
             assert holders.get(dst, 0) > 0, f"pending copy into block {dst}, which nobody holds"
+        assert pins == self._pins, f"pins {self._pins} do not count the pending copies {pins}"
+        for src, count in pins.items():
+            holders[src] = holders.get(src, 0) + count
         self.pool.check_integrity(holders)
 
     # -- internals ------------------------------------------------------------
 
-    def _get(self, seq_id: int) -> _Sequence:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
-            raise UnknownSequenceError(f"no sequence {seq_id!r}") from None
+    def _get(self, name: str, seq_id: object) -> _Sequence:
+        """The held sequence that the argument ``name`` names."""
+        sid = check_int(name, seq_id, low=0)
+        if sid not in self._seqs:
+            raise UnknownSequenceError(
+                f"{name} must name a sequence the manager holds, got {sid} (never added, or freed)"
+            )
+        return self._seqs[sid]
+
+    def _new_id(self, name: str, seq_id: object) -> int:
+        """The argument ``name`` as the id of a sequence about to start."""
+        sid = check_int(name, seq_id, low=0)
+        if sid in self._seqs:
+            raise DuplicateSequenceError(
+                f"{name} must be a new sequence id, got {sid}: that sequence already exists"
+            )
+        return sid
+
+    def _blocks_needed(self, seq: _Sequence, num_new_tokens: int) -> int:
+        grow = cdiv(len(seq.tokens) + num_new_tokens, self.block_size) - len(seq.table)
+        return grow + int(num_new_tokens > 0 and self._needs_copy(seq))
+
+    def _cache_hits(
+        self, tokens: tuple[int, ...], extra_keys: tuple[Hashable, ...]
+    ) -> list[tuple[BlockHash, int]]:
+        """The prompt's leading resident full blocks, as ``(hash, block)``.
+
+        One rule for :meth:`cached_prefix` and :meth:`add_sequence`: at least
+        one token is left to compute, and the first miss ends the run (hashes
+        are chained, so nothing after a miss can hit).
+        """
+        if not self.enable_prefix_caching or not tokens:
+            return []
+        usable = (len(tokens) - 1) // self.block_size  # leave >= 1 token to compute
+        hits = []
+        for h in prompt_block_hashes(
+            tokens[: usable * self.block_size], self.block_size, extra_keys
+        ):
+            block = self.pool.cached_block(h)
+            if block is None:
+                break
+            hits.append((h, block))
+        return hits
 
     def _needs_copy(self, seq: _Sequence) -> bool:
         """The next token lands in the last block, and another *table* also holds that block.
 
-        A pending copy's reference does not count: once every other writer has
-        moved to its own copy, the last one writes in place.
+        A pending copy's reference (a pin) does not count: once every other
+        writer has moved to its own copy, the last one writes in place.
         """
         if len(seq.tokens) % self.block_size == 0:
             return False
         last = seq.table[-1]
-        pins = sum(1 for src, _ in self._pending_copies if src == last)
-        return self.pool.ref_count(last) - pins > 1
+        return self.pool.ref_count(last) - self._pins.get(last, 0) > 1
 
     def _copy_on_write(self, seq: _Sequence) -> None:
         src = seq.table[-1]
         dst = self.pool.allocate()
-        self._pending_copies.append((src, dst))  # the writer's reference moves to the copy
+        self._copies[dst] = src  # the writer's reference moves to the copy: a pin
+        self._pins[src] = self._pins.get(src, 0) + 1
         seq.table[-1] = dst
+
+    def _drop_copy(self, dst: int) -> None:
+        """Forget the pending copy into ``dst``, and release its pin on the source."""
+        src = self._copies.pop(dst)
+        self._pins[src] -= 1
+        if not self._pins[src]:
+            del self._pins[src]
+        self.pool.decref(src)
 
     def _name_full_blocks(self, seq: _Sequence) -> None:
         """Hash the blocks that have just filled, and offer them to the prefix cache."""

@@ -14,6 +14,8 @@ three states:
 
 Allocation and release are O(1): the free list is a deque, the cached blocks an
 insertion-ordered dict used as an LRU queue. Nothing ever scans or sorts the pool.
+Every operation checks its arguments (:mod:`spec.validate`) before it changes
+anything: a block id is an ``int`` in ``0 .. num_blocks - 1``, never a bool.
 
 >>> pool = BlockPool(num_blocks=4, block_size=16)
 >>> a, b = pool.allocate(), pool.allocate()
@@ -35,7 +37,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 
-from spec.errors import DoubleFreeError, InvalidRequestError, OutOfBlocksError, UnknownBlockError
+from spec.errors import BlockStateError, DoubleFreeError, OutOfBlocksError, UnknownBlockError
+from spec.validate import check_hash, check_int, check_positive
 
 BlockHash = bytes
 """The identity of a full block's content: see :mod:`spec.prefix_cache`."""
@@ -49,14 +52,10 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1:
-            raise InvalidRequestError(f"num_blocks must be >= 1, got {num_blocks}")
-        if block_size < 1:
-            raise InvalidRequestError(f"block_size must be >= 1, got {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self._ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self.num_blocks = check_positive("num_blocks", num_blocks)
+        self.block_size = check_positive("block_size", block_size)
+        self._ref_counts = [0] * self.num_blocks
+        self._free: deque[int] = deque(range(self.num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, LRU first
         self._hash_of: dict[int, BlockHash] = {}
         self._block_of: dict[BlockHash, int] = {}
@@ -86,8 +85,7 @@ class BlockPool:
         return self.num_free + self.num_cached
 
     def ref_count(self, block: int) -> int:
-        self._check_id(block)
-        return self._ref_counts[block]
+        return self._ref_counts[self._block("block", block)]
 
     # -- allocate and release -----------------------------------------------
 
@@ -97,6 +95,7 @@ class BlockPool:
         A free block if there is one; otherwise the least recently used cached
         block, whose hash entry is dropped the moment it is reused, so that a
         later lookup can never return content that has been overwritten.
+        A failure changes nothing but ``num_allocation_failures``, which counts it.
         """
         if self._free:
             block = self._free.popleft()
@@ -112,34 +111,33 @@ class BlockPool:
 
     def incref(self, block: int) -> None:
         """Add a holder to a held or cached block (a fork, or a prefix-cache hit)."""
-        self._check_id(block)
-        if self._ref_counts[block] == 0:
-            if block not in self._evictable:
-                raise InvalidRequestError(f"block {block} is free: allocate it, do not share it")
-            del self._evictable[block]
-        self._ref_counts[block] += 1
+        b = self._block("block", block)
+        if self._ref_counts[b] == 0:
+            if b not in self._evictable:
+                raise BlockStateError(f"block {b} is free: allocate it, do not share it")
+            del self._evictable[b]
+        self._ref_counts[b] += 1
 
     def decref(self, block: int) -> None:
         """Drop one holder. At zero the block becomes cached if it has a hash, else free."""
-        self._check_id(block)
-        if self._ref_counts[block] == 0:
-            raise DoubleFreeError(f"block {block} is already free (reference count 0)")
-        self._ref_counts[block] -= 1
-        if self._ref_counts[block] == 0:
-            if block in self._hash_of:
-                self._evictable[block] = None  # most recently used end
+        b = self._block("block", block)
+        if self._ref_counts[b] == 0:
+            raise DoubleFreeError(f"block {b} is already free (reference count 0)")
+        self._ref_counts[b] -= 1
+        if self._ref_counts[b] == 0:
+            if b in self._hash_of:
+                self._evictable[b] = None  # most recently used end
             else:
-                self._free.append(block)
+                self._free.append(b)
 
     # -- prefix cache index -------------------------------------------------
 
     def cached_block(self, block_hash: BlockHash) -> int | None:
         """The block holding content with this hash, if it is resident."""
-        return self._block_of.get(block_hash)
+        return self._block_of.get(check_hash("block_hash", block_hash))
 
     def block_hash(self, block: int) -> BlockHash | None:
-        self._check_id(block)
-        return self._hash_of.get(block)
+        return self._hash_of.get(self._block("block", block))
 
     def register(self, block: int, block_hash: BlockHash) -> bool:
         """Record that a held, full block holds the content named by ``block_hash``.
@@ -147,13 +145,30 @@ class BlockPool:
         Returns False (and records nothing) when another block already holds
         that content, or this block is already registered: one hash, one block.
         """
-        self._check_id(block)
-        if self._ref_counts[block] == 0:
-            raise InvalidRequestError(f"block {block} is not held: only held blocks are cached")
-        if block_hash in self._block_of or block in self._hash_of:
+        b = self._block("block", block)
+        h = check_hash("block_hash", block_hash)
+        if self._ref_counts[b] == 0:
+            raise BlockStateError(f"block {b} is not held: only held blocks are cached")
+        if h in self._block_of or b in self._hash_of:
             return False
-        self._block_of[block_hash] = block
-        self._hash_of[block] = block_hash
+        self._block_of[h] = b
+        self._hash_of[b] = h
+        return True
+
+    def unregister(self, block: int) -> bool:
+        """Forget a held block's content hash; return whether it had one.
+
+        For a block whose content will never be written after all (its
+        sequence is freed before its step runs): it must never be found, and
+        at reference count zero it goes to the free list, not the cache.
+        """
+        b = self._block("block", block)
+        if self._ref_counts[b] == 0:
+            raise BlockStateError(f"block {b} is not held: only a holder may unregister it")
+        h = self._hash_of.pop(b, None)
+        if h is None:
+            return False
+        del self._block_of[h]
         return True
 
     def reset_cache(self) -> None:
@@ -180,15 +195,22 @@ class BlockPool:
             count = self._ref_counts[block]
             assert count >= 0, f"block {block} has reference count {count}"
             if count == 0:
-                assert (block in free) != (block in cached), f"block {block} is lost"
+                assert block in free or block in cached, f"block {block} is lost"
             else:
-                assert block not in free and block not in cached, f"held block {block} is free"
+                assert block not in free and block not in cached, (
+                    f"held block {block} is also free or cached"
+                )
             if block in cached:
                 assert block in self._hash_of, f"cached block {block} has no hash"
-        assert self.num_free + self.num_held + self.num_cached == self.num_blocks
+            if block in free:
+                assert block not in self._hash_of, f"free block {block} has a hash"
+        held = sum(1 for count in self._ref_counts if count > 0)
+        assert len(free) + len(cached) + held == self.num_blocks, (
+            f"{len(free)} free + {len(cached)} cached + {held} held != {self.num_blocks} blocks"
+        )
         assert len(self._hash_of) == len(self._block_of), "hash index is not one-to-one"
         for block, block_hash in self._hash_of.items():
-            assert self._block_of[block_hash] == block, f"hash index broken at block {block}"
+            assert self._block_of.get(block_hash) == block, f"hash index broken at block {block}"
         if holders is not None:
             for block in range(self.num_blocks):
                 expected = holders.get(block, 0)
@@ -197,8 +219,11 @@ class BlockPool:
                     f"but {expected} holders"
                 )
 
-    def _check_id(self, block: int) -> None:
-        if not isinstance(block, int) or isinstance(block, bool):
-            raise UnknownBlockError(f"block id must be an int, got {block!r}")
-        if not 0 <= block < self.num_blocks:
-            raise UnknownBlockError(f"block {block} is outside 0..{self.num_blocks - 1}")
+    def _block(self, name: str, value: object) -> int:
+        """``value`` as a block id: an int in ``0 .. num_blocks - 1``."""
+        b = check_int(name, value)
+        if not 0 <= b < self.num_blocks:
+            raise UnknownBlockError(
+                f"{name} must be a block id in 0..{self.num_blocks - 1}, got {b}"
+            )
+        return b

@@ -46,6 +46,19 @@ class ArgumentValueError(InvalidRequestError):
     """An argument of the right type but an impossible value: negative, zero, NaN, out of range."""
 
 
+class BlockStateError(InvalidRequestError):
+    """A block in the wrong state for the operation: sharing a free block, caching an unheld one."""
+
+
+class StepBoundaryError(InvalidRequestError):
+    """An operation that must wait for the end of the step's layout.
+
+    Forking a sequence whose tokens of the current step are not laid out yet
+    (:meth:`spec.block_manager.BlockManager.take_copies` marks that point), say:
+    a copy runs before its step's KV writes, so it would miss them.
+    """
+
+
 class InvalidBatchError(InvalidRequestError):
     """Batch metadata that is not well formed (see :meth:`spec.batch.BatchMetadata.validate`)."""
 

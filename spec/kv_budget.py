@@ -45,22 +45,41 @@ maximum-length reservation, but ten 32,768-token sessions at 2,192 MiB each:
 
 from __future__ import annotations
 
-from spec.block_manager import cdiv
-from spec.errors import InvalidRequestError
+import math
+
+from spec.errors import ArgumentValueError
+from spec.validate import check_int, check_ints, check_positive
 
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: the number of ``b``-sized blocks that hold ``a`` tokens.
+
+    >>> cdiv(20, 16), cdiv(32, 16), cdiv(0, 16)
+    (2, 2, 0)
+    """
+    return -(-a // b)
+
+
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """K and V, every layer: ``2 x layers x KV heads x head dim x bytes``."""
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+    """K and V, every layer: ``2 x layers x KV heads x head dim x bytes``; every factor >= 1."""
+    sizes = {
+        "num_layers": num_layers,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "dtype_bytes": dtype_bytes,
+    }
+    return 2 * math.prod(check_positive(name, value) for name, value in sizes.items())
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
     """Blocks a paged sequence of ``num_tokens`` holds: ``ceil(t / B)``."""
-    return cdiv(num_tokens, block_size)
+    return cdiv(
+        check_int("num_tokens", num_tokens, low=0), check_positive("block_size", block_size)
+    )
 
 
 def paged_tail_waste(num_tokens: int, block_size: int) -> int:
@@ -70,8 +89,13 @@ def paged_tail_waste(num_tokens: int, block_size: int) -> int:
 
 def contiguous_waste_fraction(num_tokens: int, reserved_tokens: int) -> float:
     """Share of a contiguous reservation that a request of ``num_tokens`` leaves unused."""
-    assert 0 <= num_tokens <= reserved_tokens, "the request must fit its reservation"
-    return 1 - num_tokens / reserved_tokens
+    reserved = check_positive("reserved_tokens", reserved_tokens)
+    t = check_int("num_tokens", num_tokens, low=0)
+    if t > reserved:
+        raise ArgumentValueError(
+            f"num_tokens must fit its reservation (<= reserved_tokens = {reserved}), got {t}"
+        )
+    return 1 - t / reserved
 
 
 def paged_utilization(token_counts: list[int], block_size: int) -> float:
@@ -80,8 +104,10 @@ def paged_utilization(token_counts: list[int], block_size: int) -> float:
     >>> round(paged_utilization([20, 200, 1000], block_size=16), 3)
     0.978
     """
-    held = sum(blocks_for_tokens(t, block_size) for t in token_counts) * block_size
-    return sum(token_counts) / held if held else 1.0
+    counts = check_ints("token_counts", token_counts, low=0)
+    b = check_positive("block_size", block_size)
+    held = sum(blocks_for_tokens(t, b) for t in counts) * b
+    return sum(counts) / held if held else 1.0
 
 
 def sequence_bytes(
@@ -95,19 +121,13 @@ def sequence_bytes(
     >>> sequence_bytes(20, 1, block_size=16), sequence_bytes(20, 1, block_size=16, state_bytes=5)
     (32, 37)
     """
-    if num_tokens < 0 or bytes_per_token < 0 or state_bytes < 0 or block_size < 1:
-        raise InvalidRequestError(
-            f"need num_tokens, bytes_per_token, state_bytes >= 0 and block_size >= 1; got "
-            f"{num_tokens}, {bytes_per_token}, {state_bytes}, {block_size}"
-        )
-    return blocks_for_tokens(num_tokens, block_size) * block_size * bytes_per_token + state_bytes
+    per_token = check_int("bytes_per_token", bytes_per_token, low=0)
+    state = check_int("state_bytes", state_bytes, low=0)
+    slots = blocks_for_tokens(num_tokens, block_size) * block_size
+    return slots * per_token + state
 
 
 def sequences_that_fit(pool_bytes: int, per_sequence_bytes: int) -> int:
     """How many sequences of ``per_sequence_bytes`` each a pool of ``pool_bytes`` holds at once."""
-    if pool_bytes < 0 or per_sequence_bytes < 1:
-        raise InvalidRequestError(
-            f"need pool_bytes >= 0 and per_sequence_bytes >= 1; got "
-            f"{pool_bytes}, {per_sequence_bytes}"
-        )
-    return pool_bytes // per_sequence_bytes
+    pool = check_int("pool_bytes", pool_bytes, low=0)
+    return pool // check_positive("per_sequence_bytes", per_sequence_bytes)

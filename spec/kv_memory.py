@@ -49,8 +49,8 @@ from numpy.typing import NDArray
 from spec.batch import PAD_BLOCK, check_copies
 from spec.block_manager import PAD_SLOT
 from spec.errors import ArgumentValueError, InvalidRequestError, UnknownBlockError
-from spec.quant import FP8_FORMATS, dequantize, quantize
-from spec.validate import check_choice, check_int, check_ints, check_positive, check_scale
+from spec.quant import FP8_FORMATS, check_fp8_scale, dequantize, quantize
+from spec.validate import check_choice, check_int, check_ints, check_positive
 
 F64 = NDArray[np.float64]
 
@@ -263,7 +263,10 @@ def _check_scales(
         if not isinstance(pair, tuple | list) or len(pair) != 2:
             raise ArgumentValueError(f"kv_scales[{i}] must be a (k_scale, v_scale) pair")
         out.append(
-            (check_scale(f"kv_scales[{i}][0]", pair[0]), check_scale(f"kv_scales[{i}][1]", pair[1]))
+            (
+                check_fp8_scale(f"kv_scales[{i}][0]", pair[0]),
+                check_fp8_scale(f"kv_scales[{i}][1]", pair[1]),
+            )
         )
     return tuple(out)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from spec.errors import ArgumentValueError
 from spec.validate import check_choice, check_scale
 
 F64 = NDArray[np.float64]
@@ -73,14 +74,34 @@ def round_fp8(x: NDArray[np.floating], fmt: str) -> F64:
     return np.copysign(rounded, clipped)  # keep the sign of a value that rounds to zero
 
 
+def check_fp8_scale(name: str, value: object) -> float:
+    """An fp8 scale: finite and positive, and still so in float32, the dtype scales are used in.
+
+    A scale that float32 rounds to 0 or to infinity (``1e-50``, ``1e39``) would
+    make every quotient infinite or NaN, so it is refused rather than defined.
+
+    >>> check_fp8_scale("k_scale", 1e-50)
+    Traceback (most recent call last):
+    ...
+    spec.errors.ArgumentValueError: k_scale must be positive and finite in float32, got 1e-50
+    """
+    v = check_scale(name, value)
+    with np.errstate(over="ignore"):
+        as_f32 = float(np.float32(v))
+    if not (0.0 < as_f32 < float("inf")):
+        raise ArgumentValueError(f"{name} must be positive and finite in float32, got {v!r}")
+    return v
+
+
 def quantize(x: NDArray[np.floating], scale: float, fmt: str) -> F64:
     """What an fp8 cache stores for ``x``: ``round_fp8(float32(x) / float32(scale))``."""
-    s = np.float32(check_scale("scale", scale))
+    s = np.float32(check_fp8_scale("scale", scale))
     quotient = np.asarray(x, dtype=np.float32) / s
     return round_fp8(quotient, fmt)
 
 
 def dequantize(stored: NDArray[np.floating], scale: float) -> F64:
     """What attention reads from an fp8 cache: ``stored * scale`` (exact in float64)."""
-    out: F64 = np.asarray(stored, dtype=np.float64) * float(np.float32(scale))
+    s = float(np.float32(check_fp8_scale("scale", scale)))
+    out: F64 = np.asarray(stored, dtype=np.float64) * s
     return out

@@ -20,6 +20,10 @@ blocks (``Backend.read_cache``), a swap-in writes them through the new slots
 Traceback (most recent call last):
 ...
 spec.errors.OutOfBlocksError: host pool: 4 blocks wanted, 3 free
+>>> host.free([True])
+Traceback (most recent call last):
+...
+spec.errors.ArgumentTypeError: blocks[0] must be an int, got bool True
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spec.errors import DoubleFreeError, InvalidRequestError, OutOfBlocksError
+from spec.errors import DoubleFreeError, OutOfBlocksError
+from spec.validate import check_int, check_ints
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,7 @@ class HostPool:
     """``num_blocks`` host blocks: a free list and nothing else (no sharing, no cache)."""
 
     def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 0:
-            raise InvalidRequestError(f"host num_blocks must be >= 0, got {num_blocks}")
-        self.num_blocks = num_blocks
+        self.num_blocks = check_int("num_host_blocks", num_blocks, low=0)
         self._free: deque[int] = deque(range(num_blocks))
         self._held: set[int] = set()
 
@@ -78,6 +81,7 @@ class HostPool:
 
     def allocate(self, count: int) -> list[int]:
         """Take ``count`` blocks, or raise and take none."""
+        count = check_int("count", count, low=0)
         if count > len(self._free):
             raise OutOfBlocksError(f"host pool: {count} blocks wanted, {len(self._free)} free")
         blocks = [self._free.popleft() for _ in range(count)]
@@ -86,6 +90,7 @@ class HostPool:
 
     def free(self, blocks: Sequence[int]) -> None:
         """Return blocks, or raise and return none."""
+        blocks = check_ints("blocks", blocks, low=0, high=self.num_blocks - 1)
         if len(set(blocks)) != len(blocks) or not self._held.issuperset(blocks):
             raise DoubleFreeError(f"host pool: {list(blocks)} are not all held")
         self._held.difference_update(blocks)

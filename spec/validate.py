@@ -31,7 +31,7 @@ spec.errors.ArgumentValueError: scale must be finite and > 0, got nan
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -47,6 +47,8 @@ def _describe(value: object) -> str:
 
 def is_int(value: object) -> bool:
     """A Python int or a numpy integer, and not a bool."""
+    if type(value) is int:  # the common case, first: a bool's type is bool, not int
+        return True
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
@@ -77,13 +79,15 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
-def check_real(name: str, value: object) -> float:
-    """A finite real number (int or float, not bool), as a float."""
+def check_real(name: str, value: object, *, low: float | None = None) -> float:
+    """A finite real number (int or float, not bool), as a float; at least ``low`` if given."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
         raise ArgumentTypeError(f"{name} must be a real number, got {_describe(value)}")
     v = float(value)  # type: ignore[arg-type, unused-ignore]
     if not math.isfinite(v):
         raise ArgumentValueError(f"{name} must be finite, got {v}")
+    if low is not None and v < low:
+        raise ArgumentValueError(f"{name} must be >= {low}, got {v}")
     return v
 
 
@@ -104,6 +108,46 @@ def check_choice(name: str, value: object, choices: Iterable[_T]) -> _T:
         if type(value) is type(option) and value == option:
             return option
     raise ArgumentValueError(f"{name} must be one of {options!r}, got {_describe(value)}")
+
+
+def check_str(name: str, value: object) -> str:
+    """A string (a name or a label), nothing that merely prints like one."""
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{name} must be a str, got {_describe(value)}")
+    return value
+
+
+def check_instance(name: str, value: object, cls: type[_T]) -> _T:
+    """``value`` itself, if it is a ``cls``: a request must be a Request, not a dict like one."""
+    if not isinstance(value, cls):
+        raise ArgumentTypeError(f"{name} must be a {cls.__name__}, got {_describe(value)}")
+    return value
+
+
+def check_token_id(name: str, value: object) -> int:
+    """One token id: an int (or numpy integer) >= 0, as an ``int``."""
+    if type(value) is int and value >= 0:  # the common case, first (a hot path: every sample)
+        return value
+    if not is_int(value):
+        raise ArgumentTypeError(f"{name} must be a token id (an int), got {_describe(value)}")
+    v = int(value)  # type: ignore[call-overload]
+    assert isinstance(v, int)
+    if v < 0:
+        raise ArgumentValueError(f"{name} must be a token id >= 0, got {v}")
+    return v
+
+
+def check_token_set(name: str, values: object) -> frozenset[int]:
+    """A set of token ids (a set, frozenset or sequence of them), as a ``frozenset``.
+
+    A bare int is refused (``stop_tokens=5`` is a mistake for ``{5}``), and so is
+    a string (a string of digits is not a set of tokens).
+    """
+    if isinstance(values, set | frozenset):
+        items: Iterable[object] = values
+    else:
+        items = as_sequence(name, values)
+    return frozenset(check_token_id(f"{name} element", v) for v in items)
 
 
 def as_sequence(name: str, values: object) -> Sequence[object]:
@@ -133,11 +177,28 @@ def check_ints(
 def check_token_ids(name: str, values: object) -> tuple[int, ...]:
     """Token ids: a sequence of non-negative ints, checked element by element."""
     items = as_sequence(name, values)
-    out = []
-    for i, v in enumerate(items):
-        if not is_int(v):
-            raise ArgumentTypeError(f"{name}[{i}] must be a token id (an int), got {_describe(v)}")
-        if int(v) < 0:  # type: ignore[call-overload]
-            raise ArgumentValueError(f"{name}[{i}] must be a token id >= 0, got {int(v)}")  # type: ignore[call-overload]
-        out.append(int(v))  # type: ignore[call-overload]
-    return tuple(out)
+    return tuple(check_token_id(f"{name}[{i}]", v) for i, v in enumerate(items))
+
+
+def check_hash(name: str, value: object) -> bytes:
+    """A block's content hash: non-empty ``bytes`` (see :mod:`spec.prefix_cache`).
+
+    Empty bytes are refused: they would read as "no parent" in a chained hash.
+    """
+    if not isinstance(value, bytes):
+        raise ArgumentTypeError(f"{name} must be bytes (a block hash), got {_describe(value)}")
+    if not value:
+        raise ArgumentValueError(f"{name} must be a non-empty block hash, got b''")
+    return value
+
+
+def check_keys(name: str, values: object) -> tuple[Hashable, ...]:
+    """Extra hash keys: a list or tuple of hashable values (a string is one key, not a list)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise ArgumentTypeError(f"{name} must be a list or tuple of keys, got {_describe(values)}")
+    for i, key in enumerate(values):
+        try:
+            hash(key)
+        except TypeError:
+            raise ArgumentTypeError(f"{name}[{i}] must be hashable, got {_describe(key)}") from None
+    return tuple(values)

@@ -17,9 +17,10 @@ import torch
 from hypothesis import settings
 from numpy.typing import NDArray
 
-from spec.batch import BatchMetadata, build_batch
+from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
 from spec.kv_memory import KVMemory
+from tools._batches import context_step
 
 F64 = NDArray[np.float64]
 
@@ -92,25 +93,34 @@ def make_scenario(
     dtype: str = "float32",
     num_layers: int = 1,
     spare_blocks: int = 3,
+    kv_dtype: str | None = None,
+    kv_scales: Sequence[tuple[float, float]] = (),
 ) -> Scenario:
-    """Sequences of ``(context, new)`` tokens: context written earlier, ``new`` in this step."""
+    """Sequences of ``(context, new)`` tokens: context written earlier, ``new`` in this step.
+
+    With ``kv_dtype``, the reference memory is quantized (it holds fp8 values).
+    """
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-(c + n) // block_size) for c, n in work) + spare_blocks
     m = shuffled_manager(num_blocks, block_size, seed)
-    mem = KVMemory(num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+    mem = KVMemory(
+        num_layers,
+        num_blocks,
+        block_size,
+        num_kv_heads,
+        head_dim,
+        kv_dtype=kv_dtype,
+        kv_scales=kv_scales,
+    )
     context_writes: list[tuple[int, F64, F64, list[int]]] = []
-    for seq, (context, new) in enumerate(work):
-        m.add_sequence(seq, [0] * (context + new))
-        slots = m.append_slots(seq, [0] * context)
-        m.mark_written(seq)  # the context's KV is written directly below, not by this step
-        slots += m.append_slots(seq, [0] * new)
+    batch, context_slots = context_step(m, work)
+    for (context, _), slots in zip(work, context_slots, strict=True):
         for layer in range(num_layers):
             if context:
                 k = rounded(gen, (context, num_kv_heads, head_dim), dtype)
                 v = rounded(gen, (context, num_kv_heads, head_dim), dtype)
-                mem.write(layer, k, v, slots[:context])
-                context_writes.append((layer, k, v, slots[:context]))
-    batch = build_batch(m, [(seq, new) for seq, (_, new) in enumerate(work)])
+                mem.write(layer, k, v, slots)
+                context_writes.append((layer, k, v, slots))
     t, h = batch.num_tokens, num_kv_heads * group
     keys = [rounded(gen, (t, num_kv_heads, head_dim), dtype) for _ in range(num_layers)]
     values = [rounded(gen, (t, num_kv_heads, head_dim), dtype) for _ in range(num_layers)]
@@ -149,4 +159,22 @@ def assert_attention_close(
 
 def bits(x: torch.Tensor) -> torch.Tensor:
     """``x``'s raw bits, so that equality is exact and NaN equals the same NaN."""
-    return x.view({4: torch.int32, 2: torch.int16}[x.element_size()])
+    return x.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[x.element_size()])
+
+
+def assert_cache_equal(
+    got: NDArray[np.floating], want: NDArray[np.floating], name: str, layer: int, what: str
+) -> None:
+    """Two ``[num_blocks, B, H_kv, D]`` caches are equal bit for bit (NaN equal to NaN, and the
+    sign of zero counts), or a report naming the first block, offset, head and K or V that differ.
+    """
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert g.shape == w.shape, f"{what}: {name} cache shape {g.shape} != {w.shape}"
+    same = ((g == w) & (np.signbit(g) == np.signbit(w))) | (np.isnan(g) & np.isnan(w))
+    if not same.all():
+        block, offset, head, dim = (int(i) for i in np.argwhere(~same)[0])
+        raise AssertionError(
+            f"{what}: {name} of layer {layer} differs in {int((~same).sum())} values; first at "
+            f"block {block}, offset {offset}, KV head {head}, dim {dim}: "
+            f"got {g[block, offset, head, dim]!r}, want {w[block, offset, head, dim]!r}"
+        )

@@ -56,10 +56,31 @@ def test_cli_json_and_overrides(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_bad_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--context", "0"]) == 2
+    assert main(["--context", "5000", "--max-len", "4096"]) == 2
     assert "context must be in 1..max_len" in capsys.readouterr().err
-    assert main(["--model", "hybrid-27b", "--block-size", "0"]) == 2
-    assert "block_size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse: tests/test_cli_args.py has the rest
+        main(["--model", "hybrid-27b", "--block-size", "0"])
+    assert exc.value.code == 2
+    assert "argument --block-size" in capsys.readouterr().err
+
+
+def test_presets_carry_their_own_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--device-gb`` subtracts the preset's weights: 54 GB for the 27B, 16 GB for the 8B."""
+    assert main(["--model", "hybrid-27b", "--device-gb", "80", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["pool_bytes"] == int(80e9 * 0.9) - 54 * 10**9
+    assert main(["--model", "llama-3.1-8b", "--device-gb", "80", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["pool_bytes"] == int(80e9 * 0.9) - 16 * 10**9
+    assert main(["--model", "hybrid-27b", "--device-gb", "80", "--weights-gb", "27"]) == 0
+    assert "pool                         41.91 GiB" in capsys.readouterr().out
+
+
+def test_pools_print_in_a_readable_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "hybrid-27b", "--device-gb", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "pool                         16.76 GiB = 17,166 blocks" in out, out
+    assert "KiB =" not in out
 
 
 def test_budget_functions_reject_bad_input() -> None:

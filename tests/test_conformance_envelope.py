@@ -118,11 +118,13 @@ class _Strict(NumpyPagedBackend):
     def capabilities(self) -> Capabilities:
         return self._caps
 
-    def attention(self, layer, query, batch: BatchMetadata, scale):  # type: ignore[no-untyped-def]
+    def attention(  # type: ignore[no-untyped-def]
+        self, layer, query, batch: BatchMetadata, scale, **variant
+    ):
         why = self._caps.batch_unsupported(batch)
         assert why is None, f"handed a batch the capabilities refuse: {why}"
         self.calls.append(tuple(batch.query_len(i) for i in range(batch.num_seqs)))
-        return super().attention(layer, query, batch, scale)
+        return super().attention(layer, query, batch, scale, **variant)
 
 
 @pytest.mark.parametrize(

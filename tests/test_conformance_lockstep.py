@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from variant_workloads import VARIANT_WORKLOADS
 
 from conformance.compare import first_kv_difference, first_output_difference
 from conformance.dtypes import round_to
@@ -150,6 +151,7 @@ WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]
     "Int32Offsets": (_decode_partial, _config(layers=1, large_pool=True), {"K"}),
     "RoundsTowardZero": (_many_outputs, _config(dtype="float16", block_size=16), {"outputs"}),
     "Fp16Accumulation": (_many_outputs, _config(dtype="float16", block_size=16), {"output"}),
+    **VARIANT_WORKLOADS,  # the variant and fp8 bugs: tests/variant_workloads.py
 }
 
 
@@ -211,7 +213,7 @@ class _Raises(NumpyPagedBackend):
 
 
 class _WrongShape(NumpyPagedBackend):
-    def attention(self, layer, query, batch, scale):  # type: ignore[no-untyped-def]
+    def attention(self, layer, query, batch, scale):  # type: ignore[no-untyped-def, override]
         return super().attention(layer, query, batch, scale)[:, :1]
 
 
@@ -314,4 +316,4 @@ def test_long_context_workloads_pass_1024_tokens() -> None:
     assert result.passed, result.difference
     assert result.stats.rules["add (long prompt, 300..1100 tokens)"] > 0
     assert result.stats.longest > 1024
-    assert any(shape.endswith(" long") for shape in result.stats.configs)
+    assert any(shape.endswith("long-context") for shape in result.stats.configs)

@@ -62,7 +62,8 @@ def test_way_1_cli_with_a_module_factory(
 
 
 def _pytest_with_env(ref: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, ENV_VAR: ref, "PAGED_SPEC_PROFILE": "quick"}
+    knobs = {"PAGED_SPEC_SEED": "5", "PAGED_SPEC_EXAMPLES": "10", "PAGED_SPEC_LONG_EXAMPLES": "1"}
+    env = {**os.environ, ENV_VAR: ref, "PAGED_SPEC_PROFILE": "quick", **knobs}
     return subprocess.run(
         [
             sys.executable,
@@ -86,6 +87,10 @@ def test_way_2_environment_variable_under_plain_pytest() -> None:
     done = _pytest_with_env(FILE_REF)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
+    # the summary, on success too, under plain `pytest -q`: the seed and what ran
+    assert "paged-attention conformance" in done.stdout
+    assert f"backend '{FILE_REF}' (profile quick, seed 5): PASSED" in done.stdout
+    assert "reproduce: PAGED_SPEC_SEED=5" in done.stdout
 
 
 def test_way_2_reports_a_broken_backend_as_a_test_failure() -> None:

@@ -1,8 +1,10 @@
-"""The docs site: every ``>>>`` example on every page runs, and the site builds strictly.
+"""The docs site: every printed output on every page is generated, and the site builds strictly.
 
-Numbers on the pages are doctest output, so a change in the code that changes
-a number fails here until the page says the new number. The strict build
-fails on a broken link, a missing nav page, or a bad API reference.
+Numbers on the pages are doctest output (``>>>`` examples) or command output
+(``console`` blocks under an ``<!-- output: COMMAND -->`` marker, see
+``tools/docs_outputs.py``), so a change in the code that changes a number
+fails here until the page says the new number. The strict build fails on a
+broken link, a missing nav page, or a bad API reference.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from pathlib import Path
 import pytest
 
 import tools._griffe_pycon
+import tools.docs_outputs
 from tools._griffe_pycon import fence_doctests
+from tools.docs_outputs import Block, find_blocks, render, run_command, stale, unmarked_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -41,6 +45,52 @@ def test_page_examples(page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         verbose=False,
     )
     assert result.failed == 0, f"{page.name}: {result.failed} of {result.attempted} examples failed"
+
+
+OUTPUTS = [(page, block) for page in PAGES for block in find_blocks(page.read_text(), page.name)]
+
+
+@pytest.mark.parametrize(("page", "block"), OUTPUTS, ids=[f"{p.name}:{b.line}" for p, b in OUTPUTS])
+def test_command_output_is_current(page: Path, block: Block) -> None:
+    """The console block is what its command prints today (``vary`` parts masked)."""
+    diff = stale(block, render(block, run_command(block)))
+    assert diff is None, (
+        f"{page.name}:{block.line}: `{block.command}` prints otherwise; regenerate with "
+        f"`python -m tools.docs_outputs --write docs/{page.name}`\n{diff}"
+    )
+
+
+def test_no_output_is_typed_in_by_hand() -> None:
+    """Every console/text block is generated: a block a reader types goes in ``sh``."""
+    unmarked = {p.name: unmarked_blocks(p.read_text()) for p in PAGES}
+    assert not any(unmarked.values()), f"output blocks without a marker (page: lines): {unmarked}"
+    assert len(OUTPUTS) >= 3, OUTPUTS
+
+
+def test_output_mechanism(tmp_path: Path) -> None:
+    assert doctest.testmod(tools.docs_outputs).failed == 0
+    page = tmp_path / "p.md"
+    text = (
+        "<!-- output: python -c 'import time; print(time.time())'; vary [0-9.]+ -->\n"
+        "```console\n$ python -c 'import time; print(time.time())'\n1.5\n```\n\n"
+        "<!-- output: python -c 'print(1); raise SystemExit(3)'; exit 3 -->\n"
+        "```console\n$ python -c 'print(1); raise SystemExit(3)'\n2\n```\n\n"
+        "```text\nhand-typed\n```\n\n```markdown\n<!-- output: python -c 'x' -->\n```\n"
+    )
+    page.write_text(text)
+    first, second = find_blocks(text)
+    assert stale(first, render(first, run_command(first))) is None  # the time is masked
+    assert "+1" in (stale(second, render(second, run_command(second))) or "")
+    assert unmarked_blocks(text) == [13]
+    diffs, missing = tools.docs_outputs.check_page(page, write=True)
+    assert len(diffs) == 1 and len(missing) == 1
+    assert "raise SystemExit(3)'\n1\n```" in page.read_text()
+    assert tools.docs_outputs.check_page(page) == ([], missing)
+    bad = find_blocks("<!-- output: python -c 'raise SystemExit(1)' -->\n```console\n```\n")
+    with pytest.raises(RuntimeError, match="exited 1, expected 0"):
+        run_command(bad[0])
+    with pytest.raises(ValueError, match="starts with python or pytest"):
+        run_command(find_blocks("<!-- output: rm -rf x -->\n```console\n```\n")[0])
 
 
 def test_site_builds_strictly(tmp_path: Path) -> None:
@@ -77,3 +127,22 @@ def test_docstring_examples_are_fenced_for_the_site() -> None:
         "After.",
     ]
     assert fence_doctests(">>> 1\n1").endswith("1\n```")  # an example that ends the text
+
+
+def test_api_pages_show_fields_and_private_rules() -> None:
+    """Dataclass fields get their trailing comments; functions list the private rules they call."""
+    import griffe
+
+    extensions = griffe.load_extensions(
+        tools._griffe_pycon.FieldComments, tools._griffe_pycon.PrivateCalls
+    )
+    spec = griffe.load("spec", search_paths=[str(ROOT)], extensions=extensions)
+    config = spec["scheduler.SchedulerConfig"]
+    assert "host pool for swapping" in config["num_host_blocks"].docstring.value
+    append = spec["block_manager.BlockManager.append_slots"].docstring.value
+    assert "[`_needs_copy`][spec.block_manager.BlockManager._needs_copy]" in append, append
+    assert "[`_copy_on_write`]" in append
+    step = spec["scheduler.ContinuousScheduler.step"].docstring.value
+    assert "[`_admit`][spec.sched_continuous.ContinuousScheduler._admit]" in step, step
+    schedule = spec["scheduler.ContinuousScheduler._schedule_running"].docstring.value
+    assert "[`_preempt`]" in schedule, schedule

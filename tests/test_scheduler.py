@@ -26,13 +26,13 @@ from conformance.scheduler_workloads import Workload, workloads
 from spec.block_manager import cdiv
 from spec.errors import CapacityError, InvalidRequestError
 from spec.request import Request, SeqStatus, Sequence
+from spec.sched_continuous import _Plan
 from spec.scheduler import (
     ContinuousScheduler,
     FinishedRequest,
     Scheduler,
     SchedulerConfig,
     StaticScheduler,
-    _Plan,
 )
 
 SCHEDULERS = [ContinuousScheduler, StaticScheduler]
@@ -79,7 +79,7 @@ class _LeaksFinished(ContinuousScheduler):
 
     def _release(self, seq: Sequence) -> None:
         if seq.status is SeqStatus.RUNNING:
-            self._running.remove(seq)
+            del self._running[seq.seq_id]
         else:
             super()._release(seq)
 
@@ -88,17 +88,20 @@ class _PreemptsScheduled(ContinuousScheduler):
     """Picks the best running sequence as the victim, even one already scheduled this step."""
 
     def _schedule_running(self, plan: _Plan) -> None:
-        for seq in sorted(self._running, key=self._key):
+        for seq in sorted(self._running.values(), key=lambda s: s.rank):
             k = self._chunk(seq, plan)
-            if seq not in self._running or k == 0:
+            if seq.seq_id not in self._running or k == 0:
                 continue
-            while not self.manager.can_append(seq.seq_id, k):
-                others = sorted((s for s in self._running if s is not seq), key=self._key)
+            while not self.cache.can_grow(seq.seq_id, k):
+                others = sorted(
+                    (s for s in self._running.values() if s is not seq), key=lambda s: s.rank
+                )
                 self._preempt(others[0] if others else seq, plan)
                 if not others:
                     break
             else:
-                self._schedule(seq, k, plan)
+                self.cache.grow(seq.seq_id, seq.tokens[seq.num_computed : seq.num_computed + k])
+                self._charge(seq, k, plan)
 
 
 class _SkipsAfterVictim(ContinuousScheduler):
@@ -118,8 +121,10 @@ class _SkipsAfterVictim(ContinuousScheduler):
 class _Overtakes(ContinuousScheduler):
     """Admits the newest waiting request first (LIFO)."""
 
-    def _candidates(self) -> list[Sequence]:
-        return list(reversed(super()._candidates()))
+    def _next_candidate(self) -> Sequence | None:
+        if self._swapped:
+            return super()._next_candidate()
+        return max(self._waiting, key=lambda s: s.rank, default=None)
 
 
 _PRESSURE = SchedulerConfig(num_blocks=8, block_size=2, max_num_batched_tokens=8, max_num_seqs=4)
@@ -223,7 +228,7 @@ def test_step_and_update_must_alternate_and_report_every_sample() -> None:
     assert [(x.seq_id, x.sample_index) for x in out.samples] == [(0, 0), (1, 1)]
     with pytest.raises(InvalidRequestError, match="update"):
         s.step()
-    with pytest.raises(InvalidRequestError, match="samples sequences"):
+    with pytest.raises(InvalidRequestError, match=r"sampled .* missing \[1\]"):
         s.update({0: 5})
     s.update({0: 5, 1: 6})  # the fork: both samples share the prompt's block
     assert s.manager.block_table(0) == s.manager.block_table(1)
@@ -288,8 +293,10 @@ def test_host_pool_holds_exactly_the_swapped_sequences(w: Workload) -> None:
         s.update(
             {x.seq_id: default_tokens(w.requests[x.request_id], 0, x.position) for x in out.samples}
         )
-        held = [b for q in s.sequences() if q.status is SeqStatus.SWAPPED for b in q.host_blocks]
+        swapped = [q.seq_id for q in s.sequences() if q.status is SeqStatus.SWAPPED]
+        held = [b for seq_id in swapped for b in s.cache.host_blocks(seq_id)]
         s.host.check_integrity(held)
+        s.check_integrity()
     assert s.host.num_free == cfg.num_host_blocks
 
 
@@ -297,7 +304,7 @@ def test_bad_update_changes_nothing() -> None:
     s = ContinuousScheduler(SchedulerConfig(num_blocks=4, block_size=4))
     s.submit(Request(request_id=0, prompt=(1, 2), max_new_tokens=2, n=2))
     out = s.step()
-    with pytest.raises(InvalidRequestError, match="ids >= 0"):
+    with pytest.raises(InvalidRequestError, match="token id >= 0"):
         s.update({0: 5, 1: -1})
     assert list(s.manager.sequence_ids()) == [0]  # no fork happened
     s.update({0: 5, 1: 6})

@@ -4,8 +4,10 @@ the ordering the seeds argue (continuous beats static, paging packs memory tight
 from __future__ import annotations
 
 import doctest
+import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tools._sim_cost
+import tools._sim_heap
+import tools._sim_run
 import tools._sim_traffic
 import tools.simulate
+from spec.errors import CapacityError
+from spec.metrics import RequestTimeline
+from spec.request import Request
 from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS, step_seconds
-from tools._sim_run import POLICIES, EngineConfig, run
-from tools._sim_traffic import LENGTH_PRESETS, TraceRequest, load_trace, poisson_trace, save_trace
+from tools._sim_heap import FirstFitHeap, replay
+from tools._sim_run import POLICIES, EngineConfig, admission_error, run
+from tools._sim_traffic import (
+    DOCUMENT,
+    LENGTH_PRESETS,
+    TraceRequest,
+    load_trace,
+    mixed_trace,
+    poisson_trace,
+    save_trace,
+)
 from tools.simulate import SimConfig, main, simulate, write_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +47,7 @@ def small() -> dict[str, Any]:
     return simulate(SMALL)
 
 
-@pytest.mark.parametrize("module", [tools._sim_cost, tools._sim_traffic])
+@pytest.mark.parametrize("module", [tools._sim_cost, tools._sim_traffic, tools._sim_heap])
 def test_doctests(module: object) -> None:
     result = doctest.testmod(module)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0, result
@@ -47,6 +63,7 @@ def test_results_fields(small: dict[str, Any]) -> None:
         assert m["ttft_p50_s"] <= m["ttft_p99_s"] and m["itl_p50_s"] <= m["itl_p99_s"], policy
         assert 0 < m["kv_util_mean"] <= 1, (policy, m["kv_util_mean"])
         assert m["preemptions"] >= 0
+        assert m["rejected"] == 0 and m["classes"]["default"]["requests"] == SMALL.num_requests
         assert len(small["sweep"]["runs"][policy]) == 2
         tl = small["timelines"][policy]
         assert len(tl["t"]) == len(tl["kv_util"]) == len(tl["batch"]) > 10
@@ -135,11 +152,9 @@ def test_cli_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture
     for name in ("rate_sweep.png", "kv_utilization.png", "batch_membership.png"):
         png = (tmp_path / "out" / name).read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 10_000, name
-    for bad, says in [
+    for bad, says in [  # argparse errors are in tests/test_cli_args.py
         (["--traffic", "nope"], "nope"),
-        (["--rates", "fast"], "fast"),
         (["--kv-pool-gib", "0.01"], "cannot hold one 2048-token sequence"),
-        (["--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
     ]:
         assert main([*bad, "--out", str(tmp_path / "x")]) == 2, bad
         assert says in capsys.readouterr().err, bad
@@ -176,3 +191,102 @@ def test_docs_figures_come_from_this_code() -> None:
     assert paged >= 0.96, f"paged KV utilization {paged:.1%} on the ShareGPT-like preset"
     for name in ("rate_sweep.png", "kv_utilization.png", "batch_membership.png"):
         assert (DOCS_RESULTS.parent / name).stat().st_size > 10_000, name
+
+
+# -- the lessons' switches: admission control, chunking, request classes, fragmentation --
+
+TINY = EngineConfig(
+    GPU_PRESETS["h200"],
+    MODEL_PRESETS["llama-3.1-8b"],
+    pool_tokens=64 * 16,
+    max_model_len=512,
+    max_num_batched_tokens=256,
+)
+
+
+def _alpaca(n: int, rate: float) -> list[TraceRequest]:
+    return poisson_trace(LENGTH_PRESETS["alpaca"], rate=rate, num_requests=n, seed=2)
+
+
+def test_admission_cap_rejects_early_in_blocks() -> None:
+    trace = _alpaca(80, rate=400.0)
+    open_door, tl_open = run("paged", trace, TINY)
+    capped, tl = run("paged", trace, replace(TINY, admission_blocks=64))
+    assert open_door["rejected"] == 0 and not tl_open.rejections
+    assert 0 < capped["rejected"] == len(tl.rejections) < len(trace)
+    assert capped["overall"]["requests"] + capped["rejected"] == len(trace)
+    assert set(tl.rejections).isdisjoint(tl.requests)  # a rejected request never entered
+    message = next(iter(tl.rejections.values()))
+    assert "blocks are held" in message and "admission cap of 64 blocks" in message, message
+    served = sum(trace[r].output_len for r in tl.requests)
+    assert capped["output_tokens"] == served
+    assert capped["queue_delay_p99_s"] < open_door["queue_delay_p99_s"]
+
+
+def test_admission_error_is_a_capacity_error() -> None:
+    sched = TINY.scheduler("paged")
+    request = _request_for(TraceRequest(0.0, 100, 5))
+    assert admission_error(None, sched, {}, request) is None
+    assert admission_error(7, sched, {}, request) is None  # 100 tokens: 7 blocks of 16
+    error = admission_error(7, sched, {9: 1}, request)
+    assert isinstance(error, CapacityError) and "1 more are queued" in str(error)
+
+
+def _request_for(r: TraceRequest) -> Request:
+    return tools._sim_run._request(0, r, TINY)
+
+
+def test_max_chunk_tokens_bounds_the_stall_a_long_prompt_causes() -> None:
+    chats = [TraceRequest(0.001 * i, 20, 60, "chat") for i in range(6)]
+    trace = [*chats, TraceRequest(0.02, 480, 5, "long")]
+    engine = replace(TINY, max_num_batched_tokens=512)
+    whole, _ = run("paged", trace, engine)
+    chunked, _ = run("paged", trace, replace(engine, max_chunk_tokens=32))
+    assert replace(engine, max_chunk_tokens=32).scheduler("paged").config.max_chunk_tokens == 32
+    assert chunked["classes"]["chat"]["itl_max_s"] < whole["classes"]["chat"]["itl_max_s"]
+    assert chunked["classes"]["long"]["ttft_mean_s"] > whole["classes"]["long"]["ttft_mean_s"]
+
+
+def test_class_metrics_add_up(small: dict[str, Any]) -> None:
+    trace = mixed_trace([(LENGTH_PRESETS["alpaca"], 0.7), (DOCUMENT, 0.3)], 50.0, 30, seed=1)
+    m, _ = run("paged", trace, replace(TINY, pool_tokens=512 * 16, max_model_len=8192))
+    assert set(m["classes"]) == {"alpaca", "document"}
+    assert sum(c["requests"] for c in m["classes"].values()) == m["overall"]["requests"] == 30
+    assert sum(c["preemptions"] for c in m["classes"].values()) == m["preemptions"]
+    for c in m["classes"].values():
+        assert c["ttft_p50_s"] <= c["ttft_p99_s"] and c["e2e_mean_s"] >= c["ttft_mean_s"]
+    assert small["main"]["runs"]["paged"]["classes"]["default"]["requests"] == SMALL.num_requests
+
+
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 12)), max_size=40))
+def test_first_fit_heap_never_overlaps(ops: list[tuple[bool, int]]) -> None:
+    heap, held = FirstFitHeap(40), dict[int, int]()
+    for alloc, n in ops:
+        if alloc or not held:
+            start = heap.allocate(n)
+            if start is None:
+                assert heap.largest_hole < n
+            else:
+                held[start] = n
+        else:
+            start = sorted(held)[n % len(held)]
+            heap.free(start)
+            del held[start]
+        spans = sorted(held.items())
+        assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(spans)), spans
+        assert all(a >= 0 and a + n <= 40 for a, n in spans)
+        assert heap.free_slots == 40 - sum(held.values()) >= heap.largest_hole
+
+
+def test_replay_finds_external_fragmentation() -> None:
+    """Three requests of 4 slots in a heap of 14; the middle one finishes, leaving holes of 4
+    and 2: both later requests of 6 fail although 6 slots are free."""
+    trace = [TraceRequest(0, 3, 1), TraceRequest(0, 3, 1), TraceRequest(0, 3, 1)]
+    trace += [TraceRequest(0, 5, 1), TraceRequest(0, 5, 1)]
+    timelines = {
+        rid: RequestTimeline(rid, "default", 0, 0.0, first_scheduled_step=start, finish_step=end)
+        for rid, (start, end) in enumerate([(0, 9), (0, 1), (0, 9), (3, 9), (3, 9)])
+    }
+    r = replay(timelines, trace, slots=14)
+    assert (r.allocations, r.failed, r.failed_with_room) == (5, 2, 2)
+    assert r.largest_hole_share == pytest.approx(4 / 6)

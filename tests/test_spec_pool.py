@@ -85,3 +85,39 @@ def test_random_allocate_release_keeps_counts(ops: list[bool]) -> None:
             counts[b] = counts.get(b, 0) + 1
         pool.check_integrity(counts)
     assert pool.num_free + pool.num_held == 5
+
+
+def test_every_failed_allocation_is_counted() -> None:
+    pool = BlockPool(1, 4)
+    pool.allocate()
+    for expected in (1, 2, 3):
+        with pytest.raises(OutOfBlocksError):
+            pool.allocate()
+        assert pool.num_allocation_failures == expected
+
+
+def test_unregister_says_whether_there_was_a_hash() -> None:
+    pool = BlockPool(2, 4)
+    b = pool.allocate()
+    assert pool.unregister(b) is False, "nothing to forget"
+    assert pool.register(b, b"A")
+    assert pool.unregister(b) is True
+    assert pool.cached_block(b"A") is None and pool.block_hash(b) is None
+    pool.decref(b)
+    assert (pool.num_free, pool.num_cached) == (2, 0), "an unregistered block is freed, not cached"
+    pool.check_integrity({})
+
+
+def test_reset_cache_frees_cached_blocks_least_recently_used_first() -> None:
+    pool = BlockPool(3, 4)
+    blocks = [pool.allocate() for _ in range(3)]
+    for b in blocks:
+        pool.register(b, bytes([65 + b]))
+    for b in (2, 0, 1):
+        pool.decref(b)  # cached in the order 2, 0, 1
+    pool.reset_cache()
+    assert (pool.num_free, pool.num_cached) == (3, 0)
+    assert [pool.cached_block(bytes([65 + b])) for b in blocks] == [None, None, None]
+    assert [pool.allocate() for _ in range(3)] == [2, 0, 1]
+    assert pool.num_evictions == 0, "a reset is not an eviction"
+    pool.check_integrity({0: 1, 1: 1, 2: 1})

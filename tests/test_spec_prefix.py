@@ -6,6 +6,7 @@ import pytest
 
 from spec.block_manager import BlockManager
 from spec.errors import InvalidRequestError
+from spec.prefix_cache import prompt_block_hashes
 
 
 def _run(m: BlockManager, seq: int, prompt: list[int], extra: tuple[str, ...] = ()) -> int:
@@ -42,9 +43,11 @@ def test_extra_keys_separate_equal_tokens() -> None:
 def test_freed_prefix_stays_cached_until_evicted() -> None:
     m = BlockManager(3, 4, enable_prefix_caching=True)
     _run(m, 0, list(range(9)))  # 3 blocks: 2 full (cached) + 1 partial
+    m.take_copies()  # the step that writes them is laid out
     m.free(0)
     assert (m.pool.num_cached, m.pool.num_free) == (2, 1)
     assert _run(m, 1, list(range(9))) == 8, "a freed but cached prefix still hits"
+    m.take_copies()
     m.free(1)
     _run(m, 2, [7] * 12)  # needs every block: evicts both cached blocks
     assert m.pool.num_cached == 0 and m.pool.num_evictions == 2
@@ -114,3 +117,12 @@ def test_numpy_token_ids_name_the_same_blocks() -> None:
     m = BlockManager(8, 4, enable_prefix_caching=True)
     _run(m, 0, list(range(9)))
     assert m.cached_prefix([np.int64(t) for t in range(9)]) == 8  # type: ignore[misc]
+
+
+def test_caching_off_never_consults_the_pools_index() -> None:
+    """Off means off: even a hash registered straight into the pool is never looked up."""
+    m = BlockManager(8, 4)
+    _run(m, 0, list(range(9)))
+    m.pool.register(m.block_table(0)[0], prompt_block_hashes(list(range(4)), 4)[0])
+    assert m.cached_prefix(list(range(9))) == 0
+    assert m.add_sequence(1, list(range(9))) == 0

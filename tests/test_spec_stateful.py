@@ -12,6 +12,7 @@ checks after every step that:
   prefix up to it, so a prefix-cache hit, a fork, or a copy-on-write that
   serves the wrong content is caught;
 * a failed operation changes nothing;
+* a sequence freed before its step is laid out leaves no unwritten block in the cache;
 * once every sequence is freed and the cache reset, every block is free.
 """
 
@@ -56,8 +57,9 @@ def token_kv(prefix: tuple[int, ...]) -> np.ndarray:
 
 def snapshot(m: BlockManager) -> tuple[object, ...]:
     seqs = tuple((s, m.block_table(s), m.tokens(s)) for s in sorted(m.sequence_ids()))
-    refs = tuple(m.pool.ref_count(b) for b in range(m.pool.num_blocks))
-    return (seqs, refs, m.pool.num_free, m.pool.num_cached)
+    blocks = tuple((m.pool.ref_count(b), m.pool.block_hash(b)) for b in range(m.pool.num_blocks))
+    stats = (m.prefix_stats.queried_tokens, m.prefix_stats.hit_tokens)
+    return (seqs, blocks, m.pool.num_free, m.pool.num_cached, stats, m.pending_copies())
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -73,6 +75,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.mem = KVMemory(1, num_blocks, block_size, num_kv_heads=1, head_dim=2)
         self.next_id = 0
         self.freed: list[int] = []
+        self.histories: list[tuple[int, ...]] = []  # tokens of freed sequences: prompts to hit
 
     # -- helpers ------------------------------------------------------------
 
@@ -89,8 +92,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------
 
-    @rule(target=seqs, prompt=st.lists(VOCAB, min_size=1, max_size=40))
-    def add(self, prompt: list[int]) -> int:
+    @rule(target=seqs, prompt=st.lists(VOCAB, min_size=1, max_size=40), data=st.data())
+    def add(self, prompt: list[int], data: st.DataObject) -> int:
+        if data.draw(st.booleans()) and self.histories:  # extend a sequence seen before
+            prompt = [*data.draw(st.sampled_from(self.histories)), *prompt[:3]]
         seq_id, self.next_id = self.next_id, self.next_id + 1
         predicted = self.m.cached_prefix(prompt)
         cached = self.m.add_sequence(seq_id, prompt)
@@ -164,6 +169,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(seq=consumes(seqs))
     def free(self, seq: int) -> None:
         assume(seq in self.m)
+        self.histories.append(self.m.tokens(seq))
+        self.m.free(seq)
+        self.freed.append(seq)
+
+    @rule(seq=consumes(seqs), new=st.lists(VOCAB, min_size=1, max_size=20))
+    def abandon(self, seq: int, new: list[int]) -> None:
+        """Append tokens, then free the sequence before its step is laid out (an abort).
+
+        Their KV is never written: a block they filled must not stay findable in the cache.
+        """
+        assume(seq in self.m)
+        if self.m.can_append(seq, len(new)):
+            self.m.append_slots(seq, new)
+        self.histories.append(self.m.tokens(seq))
         self.m.free(seq)
         self.freed.append(seq)
 

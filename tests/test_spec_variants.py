@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec.attention import AttentionVariant, alibi_slopes, attend
+from spec.backend import KVGeometry
 from spec.errors import ArgumentTypeError, ArgumentValueError, SpecError
 from spec.kv_memory import KVMemory
 from spec.quant import FP8_FORMATS, dequantize, quantize, round_fp8
@@ -156,6 +157,18 @@ def test_quantize_divides_in_float32_then_rounds() -> None:
         quantize(x, 0.0, "fp8_e4m3")
     with pytest.raises(ArgumentValueError, match="fmt must be one of"):
         round_fp8(x, "fp8")
+
+
+@pytest.mark.parametrize("scale", [1e-50, 1e39, 0.0, float("nan")])
+def test_fp8_scales_must_be_positive_and_finite_in_float32(scale: float) -> None:
+    """A scale float32 rounds to 0 or infinity would make every stored value inf or NaN."""
+    with pytest.raises(ArgumentValueError, match="scale"):
+        quantize(np.ones(2), scale, "fp8_e4m3")
+    with pytest.raises(ArgumentValueError, match=r"kv_scales\[0\]\[1\]"):
+        KVGeometry(1, 2, 2, 1, 2, kv_dtype="fp8_e4m3", kv_scales=((1.0, scale),))
+    with pytest.raises(ArgumentValueError, match=r"kv_scales\[0\]\[0\]"):
+        KVMemory(1, 2, 2, 1, 2, kv_dtype="fp8_e5m2", kv_scales=((scale, 1.0),))
+    assert quantize(np.ones(1), 1e-30, "fp8_e4m3").tolist() == [448.0]  # tiny but a float32
 
 
 def test_quantized_memory_stores_fp8_and_gathers_dequantized() -> None:

@@ -1,22 +1,37 @@
-"""Render the spec's docstrings well on the docs site (a griffe extension for mkdocstrings).
+"""Render the spec well on the docs site (griffe extensions for mkdocstrings).
 
-The spec's docstrings teach with bare doctest examples and Sphinx-style roles.
-Markdown would read ``>>>`` as nested quotes, so each run of doctest lines is
-fenced as a ``pycon`` code block, and each role becomes a code span. The
-docstrings themselves stay plain text that ``pytest --doctest-modules`` runs.
+* The spec's docstrings teach with bare doctest examples and Sphinx-style
+  roles. Markdown would read ``>>>`` as nested quotes, so each run of doctest
+  lines is fenced as a ``pycon`` code block, and each role becomes a code span
+  (:class:`DoctestFences`). The docstrings themselves stay plain text that
+  ``pytest --doctest-modules`` runs.
+* A dataclass field's meaning is written as a trailing comment
+  (``block_size: int = 16  # tokens per block``); :class:`FieldComments` makes
+  that comment the field's docstring, so the API pages list every field with
+  its meaning.
+* Each function's page entry ends with the private rules it calls (``self._x(``
+  or a module's ``_x(``), linked to their own entries, whose source is shown:
+  :class:`PrivateCalls`.
 
 >>> fence_doctests("Grows:\\n\\n>>> 1 + 1\\n2\\n\\nSee :class:`BlockPool`.").splitlines()
 ['Grows:', '', '```pycon', '>>> 1 + 1', '2', '```', '', 'See `BlockPool`.']
+>>> trailing_comment("    num_host_blocks: int = 0  # the host pool for swapping")
+'the host pool for swapping'
+>>> trailing_comment('    sep: str = "#"'), called_names("x = self._a(1) + _b(self._c)")
+(None, ['_a', '_b'])
 """
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from typing import Any
 
 import griffe
 
 _ROLE = re.compile(r":(?:mod|class|meth|func|attr|data|exc|obj):`~?([^`]+)`")
+_CALL = re.compile(r"(?<![\w.])(?:self\.|cls\.)?(_[a-z]\w*)\(")
 
 
 def fence_doctests(text: str) -> str:
@@ -37,9 +52,59 @@ def fence_doctests(text: str) -> str:
     return "\n".join(out)
 
 
+def trailing_comment(line: str) -> str | None:
+    """The ``# comment`` at the end of one source line, if any (never a ``#`` inside a string)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    comments = [t.string for t in tokens if t.type == tokenize.COMMENT]
+    return comments[-1].lstrip("#").strip() if comments else None
+
+
+def called_names(source: str) -> list[str]:
+    """Private names called in ``source`` (``self._x(``, ``_x(``), in first-call order."""
+    return list(dict.fromkeys(_CALL.findall(source)))
+
+
 class DoctestFences(griffe.Extension):
     """Apply :func:`fence_doctests` to every docstring as griffe loads it."""
 
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
             obj.docstring.value = fence_doctests(obj.docstring.value)
+
+
+class FieldComments(griffe.Extension):
+    """A class attribute without a docstring takes its trailing comment as one."""
+
+    def on_attribute(self, *, attr: griffe.Attribute, **kwargs: Any) -> None:
+        if attr.docstring is not None or not attr.parent or not attr.parent.is_class:
+            return
+        lines = attr.lines
+        comment = trailing_comment(lines[0]) if lines else None
+        if comment:
+            attr.docstring = griffe.Docstring(comment, parent=attr)
+
+
+class PrivateCalls(griffe.Extension):
+    """End each function's docstring with links to the private functions it calls."""
+
+    def on_function(self, *, func: griffe.Function, **kwargs: Any) -> None:
+        parent = func.parent
+        if parent is None:
+            return
+        links = []
+        for name in called_names(func.source):
+            target = parent.all_members.get(name) if parent.is_class else None
+            if target is None:
+                target = func.module.members.get(name)
+            if target is not None and target.is_function and target.path != func.path:
+                links.append(f"[`{name}`][{target.path}]")
+        if not links:
+            return
+        note = "Private rules it calls: " + ", ".join(links) + "."
+        if func.docstring is None:
+            func.docstring = griffe.Docstring(note, parent=func)
+        else:
+            func.docstring.value = func.docstring.value.rstrip() + "\n\n" + note

@@ -7,7 +7,10 @@ value products). A decode step has one token per sequence, so its arithmetic
 is small and its time is the weights' streaming time, flat in the batch size
 until the batch is large enough to be compute-bound. Prefill has many tokens
 per sequence and costs by tokens. The defaults are an 8B model in bf16 on an
-H200-class GPU (16 GB of weights, 4.8 TB/s, about 790 TFLOP/s bf16).
+H200-class GPU: 16 GB of weights, 4.8 TB/s (the H200's datasheet HBM
+bandwidth) and 790 TFLOP/s, a measured bf16 matrix-product rate on the H200
+(the datasheet's dense bf16 peak is about 989 TFLOP/s; a real kernel reaches
+less, so the clock uses the measured rate).
 
 >>> gpu, model = GPU_PRESETS["h200"], MODEL_PRESETS["llama-3.1-8b"]
 >>> decode = lambda n: step_seconds(gpu, model, [(1, 1)] * n)     # n one-token sequences
@@ -31,7 +34,7 @@ from spec.kv_budget import kv_bytes_per_token
 
 @dataclass(frozen=True)
 class Gpu:
-    """Peak HBM bandwidth (bytes/s) and dense bf16 matrix throughput (FLOP/s)."""
+    """The clock's HBM bandwidth (bytes/s) and bf16 matrix-product rate (FLOP/s)."""
 
     name: str
     hbm_bytes_per_s: float
@@ -59,6 +62,7 @@ class ModelCost:
 
 
 GPU_PRESETS = {"h200": Gpu("h200", hbm_bytes_per_s=4.8e12, flops_per_s=790e12)}
+"""H200: datasheet bandwidth; measured (not datasheet, about 989e12) bf16 matrix products."""
 MODEL_PRESETS = {
     "llama-3.1-8b": ModelCost(
         "llama-3.1-8b", weight_bytes=16e9, params=8e9, num_layers=32, num_heads=32,

@@ -16,6 +16,14 @@ Three policies share the scheduler code and the pool's bytes:
   is the maximum model length: every sequence holds one slab of that many
   slots from admission to finish, the pre-paging contiguous reservation.
 * ``paged``: :class:`~spec.scheduler.ContinuousScheduler` on 16-token blocks.
+
+Two switches serve the lessons on admission control and chunked prefill:
+``admission_blocks`` puts a front door before the scheduler that rejects a
+request at arrival, with a :class:`~spec.errors.CapacityError`, when the
+blocks it and the work already queued would need exceed a cap
+(:func:`admission_error`); ``max_chunk_tokens`` is the scheduler's own cap on
+one sequence's tokens per step. Every request keeps its trace class, and the
+metrics are reported per class too (``classes``), from :mod:`spec.metrics`.
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from spec.metrics import StepStats
+from spec.block_manager import cdiv
+from spec.errors import CapacityError
+from spec.metrics import RequestTimeline, StepStats
 from spec.request import Request
 from spec.scheduler import ContinuousScheduler, Scheduler, SchedulerConfig, StaticScheduler
 from tools._sim_cost import Gpu, ModelCost, step_seconds
@@ -49,6 +59,10 @@ class EngineConfig:
     max_model_len: int = 2048
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 2048
+    max_chunk_tokens: int | None = None  # per sequence per step; None: the whole budget
+    admission_blocks: int | None = None  # the front door's cap; None: admit everything
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    class_priority: tuple[tuple[str, int], ...] = ()  # (class, priority); smaller runs first
 
     def scheduler(self, policy: str) -> Scheduler:
         """A fresh scheduler of ``policy`` over this pool."""
@@ -66,19 +80,27 @@ class EngineConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
+            max_chunk_tokens=self.max_chunk_tokens,
+            policy=self.policy,
         )
         return StaticScheduler(config) if policy == "static" else ContinuousScheduler(config)
 
 
 @dataclass
 class Timeline:
-    """Per step: end time (s), sequences in the batch, KV utilization, requests waiting."""
+    """Per step: end time (s), sequences in the batch, KV utilization, requests waiting,
+    slots held and tail waste; at the end, every request's spec timeline."""
 
     end: list[float] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)
     kv_util: list[float] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
+    held_slots: list[int] = field(default_factory=list)  # slots of blocks held by sequences
+    tail_waste: list[int] = field(default_factory=list)  # held slots that hold no token
+    running: list[int] = field(default_factory=list)  # sequences holding blocks
     members: dict[int, list[list[int]]] = field(default_factory=dict)  # request -> step runs
+    requests: dict[int, RequestTimeline] = field(default_factory=dict)  # spec.metrics, at the end
+    rejections: dict[int, str] = field(default_factory=dict)  # request -> the front door's error
 
 
 Progress = Callable[[int, int, float], None]  # (finished, total, simulated seconds)
@@ -101,9 +123,17 @@ def run(
     tl = Timeline()
     last_report = time.monotonic()
     slots = sched.config.num_blocks * sched.config.block_size
+    queued: dict[int, int] = {}  # submitted, never scheduled: request -> its prompt's blocks
+    rejected: dict[int, str] = {}
     while nxt < len(trace) or sched.has_unfinished():
         while nxt < len(trace) and trace[nxt].arrival <= clock:
-            sched.submit(_request(nxt, trace[nxt], engine.max_model_len))
+            request = _request(nxt, trace[nxt], engine)
+            error = admission_error(engine.admission_blocks, sched, queued, request)
+            if error is None:
+                sched.submit(request)
+                queued[nxt] = cdiv(len(request.prompt), sched.config.block_size)
+            else:
+                rejected[nxt] = str(error)
             nxt += 1
         if not sched.has_unfinished():
             clock = trace[nxt].arrival  # idle: jump to the next arrival
@@ -119,23 +149,55 @@ def run(
         tl.batch.append(b.num_seqs)
         tl.kv_util.append(_kv_util(stats, sched.config.block_size, slots))
         tl.waiting.append(stats.num_waiting)
+        tl.held_slots.append(stats.used_blocks * sched.config.block_size)
+        tl.tail_waste.append(stats.tail_waste)
+        tl.running.append(stats.num_running)
         if out.step < member_steps:
             _record_members(tl.members, out.step, b.seq_ids)
+        for rid in [
+            r for r in queued if sched.metrics.timelines[r].first_scheduled_step is not None
+        ]:
+            del queued[rid]
         sampled = {s.seq_id: _next_token(s.position, trace[s.request_id]) for s in out.samples}
         done += len(sched.update(sampled))
         if progress and time.monotonic() - last_report > 1.0:
             progress(done, len(trace), clock)
             last_report = time.monotonic()
-    return _summarize(sched, trace, tl), tl
+    tl.requests, tl.rejections = dict(sched.metrics.timelines), rejected
+    return _summarize(sched, trace, tl, rejected), tl
 
 
-def _request(i: int, r: TraceRequest, max_model_len: int) -> Request:
-    prompt_len = min(r.prompt_len, max_model_len - 1)
+def admission_error(
+    cap: int | None, sched: Scheduler, queued: dict[int, int], request: Request
+) -> CapacityError | None:
+    """The front door's rule, in blocks: admit only while the pool can hold the work.
+
+    The blocks held now, plus the prompt blocks of every request still queued,
+    plus this request's prompt blocks, must not exceed ``cap`` (``None``: no
+    cap). A rejected request learns it at once, with the numbers, instead of
+    waiting in a queue that cannot drain in time.
+    """
+    if cap is None:
+        return None
+    need = cdiv(len(request.prompt), sched.config.block_size)
+    held, waiting = sched.manager.pool.num_held, sum(queued.values())
+    if held + waiting + need <= cap:
+        return None
+    return CapacityError(
+        f"request {request.request_id}: its prompt needs {need} blocks; {held} blocks are held "
+        f"and {waiting} more are queued, over the admission cap of {cap} blocks"
+    )
+
+
+def _request(i: int, r: TraceRequest, engine: EngineConfig) -> Request:
+    prompt_len = min(r.prompt_len, engine.max_model_len - 1)
     return Request(
         request_id=i,
         prompt=(TOKEN,) * prompt_len,
-        max_new_tokens=max_model_len - prompt_len,
+        max_new_tokens=engine.max_model_len - prompt_len,
         stop_tokens=frozenset({STOP}),
+        priority=dict(engine.class_priority).get(r.request_class, 0),
+        request_class=r.request_class,
         arrival_time=r.arrival,
     )
 
@@ -167,34 +229,32 @@ def _pct(xs: Sequence[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if len(xs) else None
 
 
-def _summarize(sched: Scheduler, trace: Sequence[TraceRequest], tl: Timeline) -> dict[str, Any]:
-    """Throughput, latency percentiles, KV utilization and preemptions of one run."""
+def _summarize(
+    sched: Scheduler, trace: Sequence[TraceRequest], tl: Timeline, rejected: dict[int, str]
+) -> dict[str, Any]:
+    """Throughput, latency percentiles, KV utilization and preemptions of one run, and the
+    same latencies per request class."""
     ends = tl.end
-    ttft: list[float] = []
-    itl: list[float] = []
-    out_tokens, finish = 0, 0.0
-    for rid, t in sched.metrics.timelines.items():
-        steps = t.token_steps.get(0, [])
-        out_tokens += len(steps)
-        if steps:
-            ttft.append(ends[steps[0]] - trace[rid].arrival)
-            itl.extend(ends[b] - ends[a] for a, b in itertools.pairwise(steps))
-            finish = max(finish, ends[steps[-1]])
+    served = sched.metrics.timelines
+    out_tokens = sum(len(t.token_steps.get(0, [])) for t in served.values())
+    finish = max((ends[s[-1]] for t in served.values() if (s := t.token_steps.get(0))), default=0.0)
     span = finish - trace[0].arrival
     durations = np.diff([0.0, *ends])
     util = np.asarray(tl.kv_util)
     pressure = np.asarray(tl.waiting) > 0
     totals = sched.metrics.totals()
+    overall = _latencies(list(served.values()), ends)
+    classes = sorted({r.request_class for r in trace})
     return {
         "requests": len(trace),
+        "rejected": len(rejected),
         "output_tokens": out_tokens,
         "makespan_s": span,
         "throughput_tok_s": out_tokens / span if span > 0 else 0.0,
-        "throughput_req_s": len(trace) / span if span > 0 else 0.0,
-        "ttft_p50_s": _pct(ttft, 50),
-        "ttft_p99_s": _pct(ttft, 99),
-        "itl_p50_s": _pct(itl, 50),
-        "itl_p99_s": _pct(itl, 99),
+        "throughput_req_s": len(served) / span if span > 0 else 0.0,
+        **{k: overall[k] for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")},
+        "queue_delay_p50_s": overall["queue_delay_p50_s"],
+        "queue_delay_p99_s": overall["queue_delay_p99_s"],
         "kv_util_mean": float(np.average(util, weights=durations)),
         "kv_util_under_pressure": (
             float(np.average(util[pressure], weights=durations[pressure]))
@@ -207,4 +267,48 @@ def _summarize(sched: Scheduler, trace: Sequence[TraceRequest], tl: Timeline) ->
         "preemptions": int(totals["preemptions"]),
         "num_blocks": sched.config.num_blocks,
         "block_size": sched.config.block_size,
+        "overall": overall,
+        "classes": {
+            c: _latencies([t for t in served.values() if t.request_class == c], ends)
+            | {"rejected": sum(trace[r].request_class == c for r in rejected)}
+            for c in classes
+        },
     }
+
+
+def _latencies(timelines: Sequence[RequestTimeline], ends: Sequence[float]) -> dict[str, Any]:
+    """Means and percentiles (seconds) of TTFT, queue delay, inter-token gaps and end-to-end
+    latency (arrival to last token), and the preemptions, over some requests'
+    :class:`~spec.metrics.RequestTimeline`."""
+    ttft = [x for t in timelines if (x := t.ttft_seconds(ends)) is not None]
+    queue = [x for t in timelines if (x := t.queue_delay_seconds(ends)) is not None]
+    gaps = [
+        ends[b] - ends[a]
+        for t in timelines
+        for a, b in itertools.pairwise(t.token_steps.get(0, []))
+    ]
+    e2e = [
+        ends[t.finish_step] - t.arrival_time
+        for t in timelines
+        if t.finish_step is not None and t.arrival_time is not None
+    ]
+    return {
+        "requests": len(timelines),
+        "preemptions": sum(t.preemptions for t in timelines),
+        "ttft_mean_s": _mean(ttft),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p99_s": _pct(ttft, 99),
+        "queue_delay_mean_s": _mean(queue),
+        "queue_delay_p50_s": _pct(queue, 50),
+        "queue_delay_p99_s": _pct(queue, 99),
+        "itl_mean_s": _mean(gaps),
+        "itl_p50_s": _pct(gaps, 50),
+        "itl_p99_s": _pct(gaps, 99),
+        "itl_max_s": max(gaps, default=None),
+        "e2e_mean_s": _mean(e2e),
+        "e2e_p99_s": _pct(e2e, 99),
+    }
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ class TraceRequest:
     arrival: float
     prompt_len: int
     output_len: int
+    request_class: str = "default"  # slices the metrics (spec.metrics): "chat", "document", ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ LENGTH_PRESETS = {
 }
 """Clipping keeps prompt + output within 2,048 tokens, the paper's maximum length."""
 
+DOCUMENT = LengthPreset(
+    "document", LogNormal(3000, 0.3, lo=1024, hi=6000), LogNormal(120, 0.5, hi=512)
+)
+"""Long-document requests (summarize, extract): long prompts, short answers. This
+project's choice, for the request-class lesson; within 8,192 tokens."""
+
 
 def poisson_trace(
     preset: LengthPreset, rate: float, num_requests: int, seed: int = 0
@@ -79,16 +86,45 @@ def poisson_trace(
     """
     if rate <= 0 or num_requests < 1:
         raise ValueError(f"need rate > 0 and num_requests >= 1, got {rate}, {num_requests}")
+    return mixed_trace([(preset, 1.0)], rate, num_requests, seed, classes=False)
+
+
+def mixed_trace(
+    mix: Sequence[tuple[LengthPreset, float]],
+    rate: float,
+    num_requests: int,
+    seed: int = 0,
+    *,
+    classes: bool = True,
+) -> list[TraceRequest]:
+    """Poisson arrivals at ``rate``; each request's kind drawn from ``mix`` by share.
+
+    With ``classes`` each request's class is its preset's name (else "default").
+
+    >>> t = mixed_trace([(LENGTH_PRESETS["sharegpt"], 0.9), (DOCUMENT, 0.1)], 10.0, 1000)
+    >>> docs = [r for r in t if r.request_class == "document"]
+    >>> len(docs), all(1024 <= r.prompt_len <= 6000 for r in docs)
+    (106, True)
+    """
+    if rate <= 0 or num_requests < 1:
+        raise ValueError(f"need rate > 0 and num_requests >= 1, got {rate}, {num_requests}")
     arrivals, lengths = random.Random(seed), random.Random(seed + 1)
+    kinds = random.Random(seed + 2)
+    presets, shares = [p for p, _ in mix], [w for _, w in mix]
     t, out = 0.0, []
     for _ in range(num_requests):
         t += arrivals.expovariate(rate)
-        out.append(TraceRequest(t, preset.prompt.sample(lengths), preset.output.sample(lengths)))
+        preset = presets[0] if len(mix) == 1 else kinds.choices(presets, shares)[0]
+        name = preset.name if classes else "default"
+        out.append(
+            TraceRequest(t, preset.prompt.sample(lengths), preset.output.sample(lengths), name)
+        )
     return out
 
 
 def load_trace(path: Path) -> list[TraceRequest]:
-    """Read a JSON-lines trace: one ``{"arrival": s, "prompt_len": n, "output_len": m}`` a line."""
+    """Read a JSON-lines trace: one ``{"arrival": s, "prompt_len": n, "output_len": m}`` a line
+    (optionally ``"request_class": name``)."""
     out = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -96,7 +132,10 @@ def load_trace(path: Path) -> list[TraceRequest]:
         try:
             row = json.loads(line)
             req = TraceRequest(
-                float(row["arrival"]), int(row["prompt_len"]), int(row["output_len"])
+                float(row["arrival"]),
+                int(row["prompt_len"]),
+                int(row["output_len"]),
+                str(row.get("request_class", "default")),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{lineno}: not a trace row ({e}): {line[:80]!r}") from None

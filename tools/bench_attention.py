@@ -39,9 +39,9 @@ import torch.nn.functional as F
 import backend_gpu  # noqa: F401  (interpreter on CPU-only machines, before triton)
 from backend_gpu.kernels import choose_num_splits, paged_attention
 from spec.attention import paged_attention as reference_attention
-from spec.batch import build_batch
 from spec.block_manager import BlockManager
 from spec.kv_memory import KVMemory
+from tools._batches import context_step
 
 __all__ = ["main"]
 
@@ -124,12 +124,7 @@ def check_correctness(device: torch.device) -> list[str]:
         held = [m.pool.allocate() for _ in range(num_blocks)]
         for i in rng.permutation(num_blocks):
             m.pool.decref(held[int(i)])
-        for seq, (c, n) in enumerate(work):
-            m.add_sequence(seq, [0] * (c + n))
-            m.append_slots(seq, [0] * c)
-            m.mark_written(seq)  # the context is cached already: only n tokens are new
-            m.append_slots(seq, [0] * n)
-        batch = build_batch(m, [(seq, n) for seq, (_, n) in enumerate(work)])
+        batch, _ = context_step(m, work)
         for dtype, tdt in DTYPES.items():
             mem = KVMemory(1, num_blocks, block_size, 2, head_dim)
             for seq, (c, n) in enumerate(work):

@@ -44,6 +44,7 @@ from spec.kv_budget import (
     sequence_bytes,
     sequences_that_fit,
 )
+from tools._cli import fraction, nonnegative_float, positive_float, positive_int
 
 __all__ = ["PRESETS", "Capacity", "ModelKV", "capacity", "format_bytes", "main"]
 
@@ -66,22 +67,30 @@ class ModelKV:
     max_len: int = 4096  # what a contiguous allocator must reserve
     pool_bytes: int = 0  # KV memory left on the device after weights and reserve
     block_size: int = 16
+    weights_bytes: int = 0  # the weights, taken from a device budget (``--device-gb``)
 
 
 # An H200 (141 GB) at 90% memory utilization, less 16 GB of bf16 weights.
-_H200_8B_POOL = int(141e9 * 0.9) - 16 * 10**9
+_8B_WEIGHTS = 16 * 10**9
+_H200_8B_POOL = int(141e9 * 0.9) - _8B_WEIGHTS
 
 PRESETS: dict[str, ModelKV] = {
     "llama-3.1-8b": ModelKV(
         "llama-3.1-8b", num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2,
-        context=200, max_len=4096, pool_bytes=_H200_8B_POOL,
+        context=200, max_len=4096, pool_bytes=_H200_8B_POOL, weights_bytes=_8B_WEIGHTS,
     ),
     "hybrid-27b": ModelKV(
         "hybrid-27b", num_layers=16, num_kv_heads=4, head_dim=256, dtype_bytes=2,
         state_bytes=144 * MIB, context=32_768, max_len=262_144, pool_bytes=23_859 * MIB,
+        weights_bytes=54 * 10**9,
     ),
 }  # fmt: skip
-"""The seeds' models. The 27B's 4 KV heads x 256 is one split of its 64 KiB per token."""
+"""The seeds' models, each with its own weights (16 GB and 54 GB in bf16).
+
+The 27B's 4 KV heads x 256 is one split of its 64 KiB per token; its preset pool
+is the seeds' 23,859 MiB, what an 80 GB device leaves after the weights and a
+runtime reserve. ``--device-gb`` recomputes the pool from the preset's weights.
+"""
 
 
 @dataclass(frozen=True)
@@ -149,16 +158,20 @@ def capacity(
 
 
 def format_bytes(n: int) -> str:
-    """The largest binary unit that shows ``n`` exactly, else two decimals.
+    """``n`` bytes in a binary unit a reader can take in at a glance.
+
+    An exact count of the largest unit that divides ``n`` when it has at most
+    five digits (the seeds' "23,859 MiB"); otherwise two decimals of the largest
+    unit that fits, so a pool never reads as "54,687,500 KiB".
 
     >>> format_bytes(128 * KIB), format_bytes(2192 * MIB), format_bytes(16 * GIB)
     ('128 KiB', '2,192 MiB', '16 GiB')
-    >>> format_bytes(1536 * MIB + 1), format_bytes(100)
-    ('1.50 GiB', '100 B')
+    >>> format_bytes(54_687_500 * KIB), format_bytes(1536 * MIB + 1), format_bytes(100)
+    ('52.15 GiB', '1.50 GiB', '100 B')
     """
     units = [("GiB", GIB), ("MiB", MIB), ("KiB", KIB)]
     for name, size in units:
-        if n >= size and n % size == 0:
+        if n >= size and n % size == 0 and n // size < 100_000:
             return f"{n // size:,} {name}"
     for name, size in units:
         if n >= size:
@@ -193,23 +206,25 @@ def report(c: Capacity) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools.capacity", description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(PRESETS), action="append", help="preset (repeatable)")
-    p.add_argument("--layers", type=int, help="layers that cache K/V")
-    p.add_argument("--kv-heads", type=int)
-    p.add_argument("--head-dim", type=int)
-    p.add_argument("--dtype-bytes", type=int, help="2 for bf16/fp16, 1 for fp8")
-    p.add_argument("--state-mib", type=float, help="fixed per-sequence state, MiB")
-    p.add_argument("--context", type=int, help="tokens a sequence actually holds")
-    p.add_argument("--max-len", type=int, help="tokens a contiguous allocator reserves")
-    p.add_argument("--block-size", type=int)
+    p.add_argument("--layers", type=positive_int, help="layers that cache K/V")
+    p.add_argument("--kv-heads", type=positive_int)
+    p.add_argument("--head-dim", type=positive_int)
+    p.add_argument("--dtype-bytes", type=positive_int, help="2 for bf16/fp16, 1 for fp8")
+    p.add_argument("--state-mib", type=nonnegative_float, help="fixed per-sequence state, MiB")
+    p.add_argument("--context", type=positive_int, help="tokens a sequence actually holds")
+    p.add_argument("--max-len", type=positive_int, help="tokens a contiguous allocator reserves")
+    p.add_argument("--block-size", type=positive_int)
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--pool-mib", type=float, help="KV pool size, MiB")
+    budget.add_argument("--pool-mib", type=nonnegative_float, help="KV pool size, MiB")
     budget.add_argument(
         "--device-gb",
-        type=float,
-        help="device memory, GB; the pool is device x --utilization - --weights-gb",
+        type=positive_float,
+        help="device memory, GB; the pool is device x --utilization - weights",
     )
-    p.add_argument("--weights-gb", type=float, default=16.0)
-    p.add_argument("--utilization", type=float, default=0.9)
+    p.add_argument(
+        "--weights-gb", type=nonnegative_float, help="weights, GB (default: the preset's)"
+    )
+    p.add_argument("--utilization", type=fraction, default=0.9, help="share of the device used")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
 
@@ -218,12 +233,23 @@ def _pick(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
+def _pool_from_device(base: ModelKV, a: argparse.Namespace) -> int:
+    weights = base.weights_bytes if a.weights_gb is None else int(a.weights_gb * 1e9)
+    pool = int(a.device_gb * 1e9 * a.utilization) - weights
+    if pool < 0:
+        raise ValueError(
+            f"{base.name}: {a.device_gb:g} GB x utilization {a.utilization:g} leaves less than "
+            f"the {weights / 1e9:g} GB of weights"
+        )
+    return pool
+
+
 def _model_from_args(base: ModelKV, a: argparse.Namespace) -> ModelKV:
     pool = base.pool_bytes
     if a.pool_mib is not None:
         pool = int(a.pool_mib * MIB)
     elif a.device_gb is not None:
-        pool = int(a.device_gb * 1e9 * a.utilization - a.weights_gb * 1e9)
+        pool = _pool_from_device(base, a)
     state = base.state_bytes if a.state_mib is None else int(a.state_mib * MIB)
     return replace(
         base,

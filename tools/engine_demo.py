@@ -19,9 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
+from spec.errors import CapacityError
 from spec.metrics import format_table
 from spec.request import Request
 from spec.scheduler import ContinuousScheduler, SchedulerConfig, StaticScheduler
+from tools._cli import positive_int
 from tools.engine import Engine, make_backend
 from tools.tiny_model import TinyModel, generate_alone
 
@@ -73,12 +75,14 @@ def report(name: str, engine: Engine) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.engine_demo", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--backend", default="triton", choices=["triton", "torch", "reference"])
-    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--requests", type=positive_int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-blocks", type=int, default=40)
-    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--num-blocks", type=positive_int, default=40)
+    parser.add_argument("--block-size", type=positive_int, default=8)
     parser.add_argument("--preemption", default="recompute", choices=["recompute", "swap"])
     parser.add_argument("--baseline", action="store_true", help="also run static batching")
     args = parser.parse_args(argv)
@@ -96,7 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_host_blocks=2 * args.num_blocks,
         enable_prefix_caching=True,
     )
-    engine = run(args.backend, ContinuousScheduler, config, model, requests, arrivals)
+    try:
+        engine = run(args.backend, ContinuousScheduler, config, model, requests, arrivals)
+    except CapacityError as e:  # a pool too small for the requests: a usage error
+        parser.error(f"--num-blocks {args.num_blocks} x --block-size {args.block_size}: {e}")
     report(f"continuous batching on {args.backend}", engine)
     if args.baseline:
         report(

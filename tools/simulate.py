@@ -35,8 +35,10 @@ import numpy as np
 
 from spec.errors import SpecError
 from spec.kv_budget import GIB
+from tools._cli import positive_float, positive_floats, positive_int
 from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS
 from tools._sim_run import POLICIES, EngineConfig, Timeline, run
+from tools._sim_scenarios import SCENARIOS
 from tools._sim_traffic import LENGTH_PRESETS, TraceRequest, load_trace, poisson_trace
 
 __all__ = ["SimConfig", "main", "simulate", "write_outputs"]
@@ -179,6 +181,11 @@ def _pct(u: float | None) -> str:
     return "n/a (never under pressure)" if u is None else f"{u:.1%}"
 
 
+def _num(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    """A latency for the headline; "-" when nothing was measured (no request made 2 tokens)."""
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
 def headline(results: dict[str, Any]) -> str:
     """The lines ``python -m tools.simulate`` prints."""
     s, runs = results["summary"], results["main"]["runs"]
@@ -191,8 +198,8 @@ def headline(results: dict[str, Any]) -> str:
         r = runs[p]
         rows.append(
             f"  {p:>10}: {r['throughput_tok_s']:>9,.0f} tok/s  TTFT p50/p99 "
-            f"{r['ttft_p50_s']:.3f}/{r['ttft_p99_s']:.3f} s  ITL p50/p99 "
-            f"{r['itl_p50_s'] * 1e3:.1f}/{r['itl_p99_s'] * 1e3:.1f} ms  "
+            f"{_num(r['ttft_p50_s'])}/{_num(r['ttft_p99_s'])} s  ITL p50/p99 "
+            f"{_num(r['itl_p50_s'], 1e3, 1)}/{_num(r['itl_p99_s'], 1e3, 1)} ms  "
             f"preemptions {r['preemptions']}"
         )
     rows += [
@@ -208,32 +215,47 @@ def _parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(prog="python -m tools.simulate", description=__doc__.split("\n")[0])
     p.add_argument("--traffic", default=d.traffic, help=f"{sorted(LENGTH_PRESETS)} or a trace file")
-    p.add_argument("--num-requests", type=int, default=d.num_requests)
+    p.add_argument("--num-requests", type=positive_int, default=d.num_requests)
     p.add_argument(
         "--rates",
+        type=positive_floats,
         default=",".join(f"{r:g}" for r in d.rates),
         help="requests/s, comma-separated; the last is the main run",
     )
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--kv-pool-gib", type=float, default=d.kv_pool_gib)
-    p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--kv-pool-gib", type=positive_float, default=d.kv_pool_gib)
+    p.add_argument("--block-size", type=positive_int, default=d.block_size)
+    p.add_argument("--max-model-len", type=positive_int, default=d.max_model_len)
+    p.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens)
     p.add_argument("--out", type=Path, default=Path("out/simulate"))
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        help="print one lesson's table instead (its own fixed trace; no files written)",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.scenario:
+        print("\n".join(SCENARIOS[args.scenario]()))
+        return 0
+    if args.max_model_len < 2:
+        parser.error(
+            f"argument --max-model-len: must be >= 2 (a prompt and an output token), "
+            f"got {args.max_model_len}"
+        )
     try:
         cfg = SimConfig(
             traffic=args.traffic,
             num_requests=args.num_requests,
-            rates=tuple(float(r) for r in args.rates.split(",")),
+            rates=args.rates,
             seed=args.seed,
             kv_pool_gib=args.kv_pool_gib,
             block_size=args.block_size,

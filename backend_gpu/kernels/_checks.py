@@ -17,7 +17,9 @@ import torch
 from spec.errors import InvalidRequestError, UnknownBlockError
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-"""Cache and query dtypes the kernels accept."""
+"""Query (activation) dtypes the kernels accept, and cache dtypes of an unquantized cache."""
+CACHE_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn, torch.float8_e5m2)
+"""Cache dtypes: the activation dtypes, or fp8 (a quantized cache, see :mod:`._fp8`)."""
 
 
 def interpreting() -> bool:
@@ -72,8 +74,8 @@ def check_last_dim_dense(name: str, t: torch.Tensor) -> None:
 
 def check_cache_pair(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's K and V caches: same ``[num_blocks, block_size, H_kv, D]`` shape and dtype."""
-    k = check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
-    v = check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    k = check_tensor("k_cache", k_cache, 4, CACHE_DTYPES)
+    v = check_tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     if k.shape != v.shape or k.dtype != v.dtype:
         raise InvalidRequestError(
             f"k_cache {tuple(k.shape)} {k.dtype} and v_cache {tuple(v.shape)} {v.dtype} differ"

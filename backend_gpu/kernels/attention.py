@@ -15,6 +15,21 @@ axis cuts each sequence's keys into ``num_splits`` ranges; each writes a partial
 output normalised by its own softmax sum plus its log-sum-exp, and a second
 kernel merges the partials. An empty split has ``lse = -inf`` and weight zero.
 
+Variants (:class:`spec.attention.AttentionVariant`), each a constexpr switch so
+that plain attention compiles to what it was: soft-capping of the scaled
+scores, ALiBi ``slope_h * (k - p)``, a sliding window (``p - w < k <= p``)
+whose tiles wholly before it are never visited, and sinks (one logit per
+query head in the softmax denominator). Without split-KV a sink starts the
+online softmax (``m = sink``, ``l = 1``); with it, the splits leave it out and
+the merge adds it once, as one more term of weight ``2^(sink - top)`` and no value.
+
+fp8 KV: the cache holds fp8 bytes, decoded exactly (:mod:`._fp8`). The
+per-tensor scales are folded rather than multiplied into every element:
+``k_scale`` into the score multiplier (``scale * k_scale * q . stored_k``) and
+``v_scale`` into the output (``v_scale * sum_k w_k stored_v_k``), which is the
+same dequantization, ``stored * scale``, by linearity. The decoded values are
+exact in float16 and bfloat16, so the dot products lose nothing either.
+
 Under the interpreter, loaded values are upcast to float32 before any
 arithmetic, because the interpreter's bfloat16 arithmetic is wrong.
 """
@@ -40,7 +55,9 @@ from backend_gpu.kernels._checks import (
     interpreting,
     next_pow2,
 )
+from backend_gpu.kernels._fp8 import FP8_NAMES, as_bytes, fp8_constexprs, fp8_decode
 from spec.errors import InvalidRequestError
+from spec.validate import check_int, check_scale
 
 _LOG2E = 1.4426950408889634
 
@@ -58,7 +75,12 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
     query_start_loc_ptr,
     seq_lens_ptr,
     block_tables_ptr,
-    scale_log2,
+    sinks_ptr,
+    alibi_ptr,
+    score_mul,
+    cap_log2,
+    v_scale,
+    window,
     num_q_tiles,
     keys_per_split,
     stride_qt,
@@ -86,7 +108,16 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    FP8_MANT: tl.constexpr,
+    FP8_MIN_EXP: tl.constexpr,
 ):
+    # Scores are kept in log2 units: score_mul is scale * k_scale * log2(e), or, with a
+    # soft-cap c, scale * k_scale / c and the capped score is cap_log2 * tanh(.) (c * log2 e).
+    # Sinks and ALiBi slopes come pre-multiplied by log2(e).
     # BLOCK_M = BLOCK_Q * GROUP_PAD rows: query tokens x the heads of one KV head's group.
     seq = tl.program_id(0) // num_q_tiles
     q_tile = tl.program_id(0) % num_q_tiles
@@ -113,16 +144,28 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
         if UPCAST:
             q = q.to(tl.float32)
 
-        # Keys this tile may see: 0 .. (position of its last real token), within this split.
+        # Keys this tile may see: up to the position of its last real token and, with a window
+        # of w, from w - 1 before its first token's position. The loop starts there, so key
+        # tiles wholly before the window are never read (their blocks may even be released):
+        # a decode at position p reads ceil(min(w, p + 1) / BLOCK_N) tiles instead of
+        # ceil((p + 1) / BLOCK_N), and a prefill tile of BLOCK_Q tokens at most
+        # ceil((w + BLOCK_Q - 1) / BLOCK_N). Split-KV divides that range, not the context.
         kv_hi = context + tl.minimum(query_len, (q_tile + 1) * BLOCK_Q)
         kv_lo = 0
+        if USE_WINDOW:
+            kv_lo = tl.maximum(context + q_tile * BLOCK_Q - window + 1, 0)
         if SPLIT:
-            kv_lo = tl.program_id(2) * keys_per_split
+            kv_lo = kv_lo + tl.program_id(2) * keys_per_split
             kv_hi = tl.minimum(kv_hi, kv_lo + keys_per_split)
 
         # Running max starts finite, so exp2(m_old - m_new) is never NaN for an empty tile.
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if USE_SINKS and not SPLIT:  # the sink is one more logit with weight and no value
+            m_i = tl.load(sinks_ptr + head, mask=row_ok, other=-1.0e30)
+            l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        if USE_ALIBI:
+            slope = tl.load(alibi_ptr + head, mask=row_ok, other=0.0)
         acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         for start in range(kv_lo, kv_hi, BLOCK_N):
@@ -132,24 +175,29 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
             in_block = (t % BLOCK_SIZE).to(tl.int64)
             k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
             k = tl.load(
-                k_ptr + k_off[None, :] + d[:, None], mask=t_ok[None, :] & d_ok[:, None], other=0.0
+                k_ptr + k_off[None, :] + d[:, None], mask=t_ok[None, :] & d_ok[:, None], other=0
             )
-            if UPCAST:
-                k = k.to(tl.float32)
+            k = _widen(k, q, UPCAST, FP8_MANT, FP8_MIN_EXP)
             s = tl.dot(q, k, input_precision="ieee") if IEEE else tl.dot(q, k)
+            s = s * score_mul
+            if USE_SOFTCAP:
+                s = cap_log2 * _tanh(s)
+            if USE_ALIBI:
+                s += slope[:, None] * (t[None, :] - pos[:, None]).to(tl.float32)
             visible = t_ok[None, :] & (t[None, :] <= pos[:, None])
-            s = tl.where(visible, s * scale_log2, float("-inf"))
+            if USE_WINDOW:
+                visible = visible & (t[None, :] > pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
             v = tl.load(
-                v_ptr + v_off[:, None] + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0
+                v_ptr + v_off[:, None] + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0
             )
-            if UPCAST:
-                v = v.to(tl.float32)
-            else:
+            v = _widen(v, q, UPCAST, FP8_MANT, FP8_MIN_EXP)
+            if not UPCAST:
                 p = p.to(v.dtype)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
@@ -159,6 +207,8 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
 
         safe_l = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / safe_l[:, None]
+        if FP8_MANT:
+            out = out * v_scale  # V dequantized: sum_k w_k * (stored_v_k * v_scale)
         o_off = row_off[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         if SPLIT:
             split = tl.program_id(2)
@@ -172,11 +222,32 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _widen(x, q, UPCAST: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr):  # type: ignore[no-untyped-def]
+    """A loaded K or V tile in the dtype of the dot: float32, or the query's (fp8 decoded)."""
+    if FP8_MANT:
+        x = fp8_decode(x, FP8_MANT, FP8_MIN_EXP)  # exact in float16 and bfloat16 too
+        if not UPCAST:
+            x = x.to(q.dtype)
+    elif UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _tanh(x):  # type: ignore[no-untyped-def]
+    """``tanh`` from one exp2 of a non-positive argument: no overflow at any magnitude."""
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # exp(-2 |x|)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _merge_kernel(  # type: ignore[no-untyped-def]
     part_ptr,
     lse_ptr,
     out_ptr,
     query_start_loc_ptr,
+    sinks_ptr,
     num_seqs,
     num_splits,
     stride_pt,
@@ -189,10 +260,12 @@ def _merge_kernel(  # type: ignore[no-untyped-def]
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     SPLIT_PAD: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     """Program ``(t, h)`` merges token ``t``, head ``h``: weights ``2^(lse_s - max lse)``.
 
     Rows past the batch's last token are padding: nothing to merge, nothing written.
+    A sink (log2 units) joins here, once: in the max and the total, with no value.
     """
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -201,6 +274,9 @@ def _merge_kernel(  # type: ignore[no-untyped-def]
     s_ok = s < tl.where(real, num_splits, 0)
     lse = tl.load(lse_ptr + t * stride_lt + h * stride_lh + s, mask=s_ok, other=float("-inf"))
     top = tl.maximum(tl.max(lse, 0), -1.0e30)  # finite even for a padding row (all -inf)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + h)
+        top = tl.maximum(top, sink)
     w = tl.where(s_ok, tl.exp2(lse - top), 0.0)
     d = tl.arange(0, HEAD_PAD)
     part = tl.load(
@@ -209,6 +285,8 @@ def _merge_kernel(  # type: ignore[no-untyped-def]
         other=0.0,
     )
     total = tl.sum(w, 0)
+    if USE_SINKS:
+        total += tl.exp2(sink - top)
     out = tl.sum(part * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(
         out_ptr + t * stride_ot + h * stride_oh + d,
@@ -219,13 +297,33 @@ def _merge_kernel(  # type: ignore[no-untyped-def]
 
 @dataclass(frozen=True)
 class _Plan:
-    """Tile sizes and the number of KV splits for one launch."""
+    """Tile sizes and the number of KV splits for one launch.
+
+    ``keys`` is the most keys one query tile can see (the window's span, or the
+    longest context); splits divide that.
+    """
 
     block_q: int
     block_n: int
     num_splits: int
     num_warps: int
     num_stages: int
+    keys: int
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """One layer's variant and fp8 scales, checked, as the kernels take them.
+
+    ``sinks`` and ``alibi`` are float32 ``[H]`` tensors on the device, in log2 units.
+    """
+
+    window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 def paged_attention(
@@ -243,6 +341,12 @@ def paged_attention(
     max_seq_len: int | None = None,
     check_indices: bool = True,
     block_n: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal paged attention for every token of the flattened batch: ``[T, H, D]``.
 
@@ -256,13 +360,21 @@ def paged_attention(
     metadata on the host (a GPU sync); an engine that trusts its scheduler may
     turn it off. ``block_n`` overrides the key tile width (a power of two >= 16;
     tests use it to force many loop iterations on short contexts).
+
+    Variants, as :class:`spec.attention.AttentionVariant` defines them:
+    ``window`` (keys ``p - window < k <= p``; table entries of blocks wholly
+    before the first query's window may be ``-1``, released), ``softcap``,
+    ``sinks`` and ``alibi_slopes`` (float32 ``[H]`` tensors on the device).
+    An fp8 cache (``torch.float8_e4m3fn``/``float8_e5m2``) is dequantized as
+    ``stored * k_scale`` and ``stored * v_scale``; the query stays in its float dtype.
     """
     q, k_cache, v_cache, qsl, lens, tables = _check_inputs(
         query, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     )
+    variant = _check_variant(window, softcap, sinks, alibi_slopes, k_scale, v_scale, q)
     num_seqs, (_, _, num_kv_heads, head_dim) = lens.shape[0], k_cache.shape
     if check_indices:
-        true_max = _check_metadata(qsl, lens, tables, k_cache.shape, q.shape[0])
+        true_max = _check_metadata(qsl, lens, tables, k_cache.shape, q.shape[0], window)
         given = (max_query_len, max_seq_len)
         if any(g is not None and g < t for g, t in zip(given, true_max, strict=True)):
             raise InvalidRequestError(
@@ -278,7 +390,7 @@ def paged_attention(
         _check_out(out, q)
     if num_seqs == 0 or max_query_len == 0:
         return out
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
     group = q.shape[1] // num_kv_heads
     plan = _plan(
         num_seqs,
@@ -290,6 +402,7 @@ def paged_attention(
         num_splits,
         q.device,
         block_n,
+        window,
     )
     # The interpreter converts float32 to bfloat16 by truncation (toward zero), a GPU to
     # nearest: under it, the kernel writes float32 and torch rounds (the suite's bias check
@@ -297,18 +410,7 @@ def paged_attention(
     staged = interpreting() and out.dtype == torch.bfloat16
     target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if staged else out
     _launch(
-        q,
-        k_cache,
-        v_cache,
-        target,
-        qsl,
-        lens,
-        tables,
-        scale,
-        group,
-        plan,
-        max_query_len,
-        max_seq_len,
+        q, k_cache, v_cache, target, qsl, lens, tables, scale, variant, group, plan, max_query_len
     )
     if staged:
         num_tokens = int(qsl[-1])
@@ -330,7 +432,7 @@ def _check_inputs(
     if head_dim > MAX_HEAD_DIM:
         raise InvalidRequestError(f"head dim {head_dim} > {MAX_HEAD_DIM} is not supported")
     q = check_tensor("query", query, 3, FLOAT_DTYPES)
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and k_cache.dtype not in FP8_NAMES:
         raise InvalidRequestError(f"query dtype {q.dtype} differs from the cache's {k_cache.dtype}")
     if q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
         raise InvalidRequestError(
@@ -354,6 +456,37 @@ def _check_inputs(
     return q, k_cache, v_cache, qsl, lens, tables
 
 
+def _check_variant(
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    k_scale: float,
+    v_scale: float,
+    q: torch.Tensor,
+) -> _Variant:
+    """The variant arguments, checked, with per-head tensors converted to log2 units."""
+    per_head = []
+    for name, x in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
+        if x is not None:
+            x = check_tensor(name, x, 1, (torch.float32,))
+            if x.shape[0] != q.shape[1]:
+                raise InvalidRequestError(
+                    f"{name} has {x.shape[0]} entries, but there are {q.shape[1]} query heads"
+                )
+            check_device(q.device, (name, x))
+            x = x.contiguous() * _LOG2E
+        per_head.append(x)
+    return _Variant(
+        window=None if window is None else check_int("window", window, low=1),
+        softcap=None if softcap is None else check_scale("softcap", softcap),
+        sinks=per_head[0],
+        alibi=per_head[1],
+        k_scale=check_scale("k_scale", k_scale),
+        v_scale=check_scale("v_scale", v_scale),
+    )
+
+
 def _launch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -363,19 +496,28 @@ def _launch(
     lens: torch.Tensor,
     tables: torch.Tensor,
     scale: float,
+    variant: _Variant,
     group: int,
     plan: _Plan,
     max_query_len: int,
-    max_seq_len: int,
 ) -> None:
     num_seqs, num_kv_heads = lens.shape[0], k_cache.shape[2]
     block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
     head_pad = max(16, next_pow2(head_dim))
     num_q_tiles = cdiv(max_query_len, plan.block_q)
     split = plan.num_splits > 1
-    keys_per_split = cdiv(cdiv(max_seq_len, plan.num_splits), plan.block_n) * plan.block_n
+    keys_per_split = cdiv(cdiv(plan.keys, plan.num_splits), plan.block_n) * plan.block_n
     upcast = interpreting() or q.dtype == torch.float32
     ieee = q.dtype == torch.float32 and not interpreting()
+    fp8 = fp8_constexprs(k_cache.dtype)
+    fp8.pop("FP8_MAX")  # only the KV write saturates
+    k_scale = variant.k_scale if fp8["FP8_MANT"] else 1.0
+    if variant.softcap is None:
+        score_mul, cap_log2 = scale * k_scale * _LOG2E, 0.0
+    else:
+        score_mul, cap_log2 = scale * k_scale / variant.softcap, variant.softcap * _LOG2E
+    dummy = torch.zeros(1, dtype=torch.float32, device=q.device)
+    sinks = dummy if variant.sinks is None else variant.sinks
     if split:
         num_tokens, num_heads = q.shape[0], q.shape[1]
         part = torch.empty(
@@ -390,19 +532,24 @@ def _launch(
             (lse.stride(0), lse.stride(1)),
         )
     else:
-        lse = torch.empty(1, dtype=torch.float32, device=q.device)
+        lse = dummy
         target, t_strides, l_strides = out, (out.stride(0), out.stride(1), 0), (0, 0)
     grid = (num_seqs * num_q_tiles, num_kv_heads, plan.num_splits)
     _attention_kernel[grid](
         q,
-        k_cache,
-        v_cache,
+        as_bytes(k_cache),
+        as_bytes(v_cache),
         target,
         lse,
         qsl,
         lens,
         tables,
-        scale * _LOG2E,
+        sinks,
+        dummy if variant.alibi is None else variant.alibi,
+        score_mul,
+        cap_log2,
+        variant.v_scale,
+        variant.window or 0,
         num_q_tiles,
         keys_per_split,
         q.stride(0),
@@ -423,6 +570,11 @@ def _launch(
         SPLIT=split,
         UPCAST=upcast,
         IEEE=ieee,
+        USE_SOFTCAP=variant.softcap is not None,
+        USE_ALIBI=variant.alibi is not None,
+        USE_WINDOW=variant.window is not None,
+        USE_SINKS=variant.sinks is not None,
+        **fp8,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
@@ -432,6 +584,7 @@ def _launch(
             lse,
             out,
             qsl,
+            sinks,
             num_seqs,
             plan.num_splits,
             part.stride(0),
@@ -444,6 +597,7 @@ def _launch(
             HEAD_DIM=head_dim,
             HEAD_PAD=head_pad,
             SPLIT_PAD=next_pow2(plan.num_splits),
+            USE_SINKS=variant.sinks is not None,
         )
 
 
@@ -457,6 +611,7 @@ def _plan(
     num_splits: int | None,
     device: torch.device,
     block_n: int | None = None,
+    window: int | None = None,
 ) -> _Plan:
     """Tile sizes, and how many KV splits: forced, or by the occupancy heuristic.
 
@@ -467,40 +622,47 @@ def _plan(
     decode tiles have 16 rows (the smallest ``tl.dot``) and prefill
     tiles 64; a decode batch that would leave the GPU idle (fewer programs than
     twice the SM count) with contexts of 1024+ keys is split so that it fills it.
+    With a window, "keys" is what one query tile sees (``w + BLOCK_Q - 1`` at
+    most), not the context: a short window over a long context needs no split.
     """
     group_pad = next_pow2(group)
     head_pad = max(16, next_pow2(head_dim))
     if device.type == "cpu":
         rows = max(16, min(256, next_pow2(max_query_len) * group_pad))
-        tile_n = min(64, max(16, next_pow2(max_seq_len)))
-        warps, stages = 4, 1
     else:
         rows = 16 if max_query_len * group_pad <= 16 else 64
+    block_q = max(1, rows // group_pad)
+    keys = max_seq_len
+    if window is not None:
+        keys = min(keys, window + min(max_query_len, block_q) - 1)
+    if device.type == "cpu":
+        tile_n = min(64, max(16, next_pow2(keys)))
+        warps, stages = 4, 1
+    else:
         tile_n = 64 if head_pad <= 128 else 32
         warps, stages = 4, 2 if head_pad <= 128 else 1
-    block_q = max(1, rows // group_pad)
     if block_n is None:
         block_n = tile_n
     elif block_n < 16 or block_n != next_pow2(block_n):
         raise InvalidRequestError(f"block_n must be a power of two >= 16, got {block_n}")
     if num_splits is None:
         num_splits = _auto_splits(
-            num_seqs * cdiv(max_query_len, block_q) * num_kv_heads, rows, max_seq_len, device
+            num_seqs * cdiv(max_query_len, block_q) * num_kv_heads, rows, keys, device
         )
     if not 1 <= num_splits <= 1024:
         raise InvalidRequestError(f"num_splits must be in 1..1024, got {num_splits}")
-    return _Plan(block_q, block_n, num_splits, warps, stages)
+    return _Plan(block_q, block_n, num_splits, warps, stages, keys)
 
 
-def _auto_splits(programs: int, rows: int, max_seq_len: int, device: torch.device) -> int:
+def _auto_splits(programs: int, rows: int, max_keys: int, device: torch.device) -> int:
     if device.type == "cpu":
-        return 1 if rows > 16 or max_seq_len < 256 else min(4, cdiv(max_seq_len, 128))
-    if device.type != "cuda" or rows > 16 or max_seq_len < 1024:
+        return 1 if rows > 16 or max_keys < 256 else min(4, cdiv(max_keys, 128))
+    if device.type != "cuda" or rows > 16 or max_keys < 1024:
         return 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     if programs >= 2 * sms:
         return 1
-    return max(1, min(cdiv(2 * sms, programs), cdiv(max_seq_len, 512), 64))
+    return max(1, min(cdiv(2 * sms, programs), cdiv(max_keys, 512), 64))
 
 
 @functools.cache
@@ -514,9 +676,12 @@ def _check_metadata(
     tables: torch.Tensor,
     cache_shape: torch.Size,
     query_rows: int,
+    window: int | None = None,
 ) -> tuple[int, int]:
     """The metadata is well formed and every table entry that will be read is a block.
 
+    With a window, entries of blocks wholly before the first query's window are
+    never read: they may be anything (``-1`` for a released block).
     Returns the batch's true ``(max_query_len, max_seq_len)``.
     """
     num_blocks, block_size = cache_shape[0], cache_shape[1]
@@ -540,7 +705,8 @@ def _check_metadata(
             raise InvalidRequestError(
                 f"sequence {i}: {seq_len} tokens need {used} blocks, the table has {width}"
             )
-        row = host_tables[i, :used]
+        first = 0 if window is None else max(0, seq_len - query_len - window + 1) // block_size
+        row = host_tables[i, first:used]
         bad = (row < 0) | (row >= num_blocks)
         if bool(bad.any()):
             raise InvalidRequestError(
@@ -566,8 +732,12 @@ def choose_num_splits(
     max_query_len: int,
     max_seq_len: int,
     device: torch.device,
+    window: int | None = None,
 ) -> int:
     """How many KV splits :func:`paged_attention` picks by itself for a batch of this shape."""
     group = num_heads // num_kv_heads
-    plan = _plan(num_seqs, num_kv_heads, group, head_dim, max_query_len, max_seq_len, None, device)
+    plan = _plan(
+        num_seqs, num_kv_heads, group, head_dim, max_query_len, max_seq_len, None, device,
+        window=window,
+    )  # fmt: skip
     return plan.num_splits

@@ -4,6 +4,7 @@ A block is one contiguous run of ``block_size * H_kv * D`` elements in the
 ``[num_blocks, block_size, H_kv, D]`` layout, so a copy is a flat memcpy. The
 copies of one step must be independent: no block is both a source and a
 destination, and no destination repeats, so their order cannot matter.
+An fp8 cache is copied as its bytes (NaN bytes included).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from backend_gpu.kernels._checks import (
     interpreting,
     next_pow2,
 )
+from backend_gpu.kernels._fp8 import as_bytes
 from spec.errors import InvalidRequestError
 
 
@@ -71,8 +73,8 @@ def copy_blocks(
     chunk = min(next_pow2(block_numel), 1 << 16 if interpreting() else 2048)
     grid = (n, triton.cdiv(block_numel, chunk))
     for k, v in pairs_k:
-        _block_copy_kernel[grid](k, pairs, block_numel, CHUNK=chunk)
-        _block_copy_kernel[grid](v, pairs, block_numel, CHUNK=chunk)
+        _block_copy_kernel[grid](as_bytes(k), pairs, block_numel, CHUNK=chunk)
+        _block_copy_kernel[grid](as_bytes(v), pairs, block_numel, CHUNK=chunk)
 
 
 def _as_pairs(

@@ -4,6 +4,11 @@ Slot ``s`` is row ``s`` of the cache viewed as ``[num_blocks * block_size, H_kv 
 so one token's K (or V) is one contiguous row on both sides. Padding slots
 (``-1``) write nothing, and the token count is ``len(slot_mapping)``: rows of
 ``key`` past it are padding that is never read.
+
+An fp8 cache (``torch.float8_e4m3fn`` / ``float8_e5m2``) stores what
+:func:`spec.quant.quantize` defines: ``x / scale`` divided in float32 with
+IEEE rounding (not a multiply by ``1 / scale``, which can differ in the last
+bit), then rounded to fp8, ties to even, saturating (see :mod:`._fp8`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import triton
 import triton.language as tl
 
 from backend_gpu.kernels._checks import (
+    FLOAT_DTYPES,
     check_cache_pair,
     check_device,
     check_last_dim_dense,
@@ -20,7 +26,9 @@ from backend_gpu.kernels._checks import (
     interpreting,
     next_pow2,
 )
+from backend_gpu.kernels._fp8 import as_bytes, fp8_constexprs, fp8_encode
 from spec.errors import InvalidRequestError
+from spec.validate import check_scale
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -35,12 +43,20 @@ def _kv_write_kernel(  # type: ignore[no-untyped-def]
     stride_kh,
     stride_vt,
     stride_vh,
+    k_scale,
+    v_scale,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     ROW_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    FP8_MANT: tl.constexpr,
+    FP8_MIN_EXP: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
-    """One program writes ``BLOCK_T`` tokens; each token's row is ``H_kv * D`` wide."""
+    """One program writes ``BLOCK_T`` tokens; each token's row is ``H_kv * D`` wide.
+
+    ``FP8_MANT > 0``: the cache is fp8 bytes, and each value is quantized first.
+    """
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = tok < num_tokens
     slot = tl.load(slot_ptr + tok, mask=tok_ok, other=-1).to(tl.int64)
@@ -54,8 +70,17 @@ def _kv_write_kernel(  # type: ignore[no-untyped-def]
     src_k = key_ptr + tok64 * stride_kt + (head * stride_kh + d)[None, :]
     src_v = value_ptr + tok64 * stride_vt + (head * stride_vh + d)[None, :]
     dst = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + col[None, :]
-    tl.store(k_cache_ptr + dst, tl.load(src_k, mask=mask), mask=mask)
-    tl.store(v_cache_ptr + dst, tl.load(src_v, mask=mask), mask=mask)
+    k = tl.load(src_k, mask=mask)
+    v = tl.load(src_v, mask=mask)
+    if FP8_MANT:
+        k = fp8_encode(
+            tl.fdiv(k.to(tl.float32), k_scale, ieee_rounding=True), FP8_MANT, FP8_MIN_EXP, FP8_MAX
+        )
+        v = fp8_encode(
+            tl.fdiv(v.to(tl.float32), v_scale, ieee_rounding=True), FP8_MANT, FP8_MIN_EXP, FP8_MAX
+        )
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
 def reshape_and_cache(
@@ -66,11 +91,15 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
     *,
     check_slots: bool = True,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write ``key[i]``, ``value[i]`` (``[>= T, H_kv, D]``) into slot ``slot_mapping[i]``.
 
     ``T = len(slot_mapping)`` (int64, on the cache's device); slot ``-1`` is skipped.
-    ``key`` and ``value`` must have the cache's dtype (no silent rounding).
+    ``key`` and ``value`` must have the cache's dtype (no silent rounding), or,
+    for an fp8 cache, any float dtype: they are quantized with ``k_scale`` and
+    ``v_scale`` (the layer's per-tensor scales; ignored for other caches).
     ``check_slots`` validates the slot range on the host, which synchronises a
     GPU; an engine that trusts its scheduler may turn it off.
     """
@@ -78,8 +107,10 @@ def reshape_and_cache(
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     slots = check_tensor("slot_mapping", slot_mapping, 1, (torch.int64,))
     n = slots.shape[0]
+    fp8 = fp8_constexprs(k_cache.dtype)
+    scales = (check_scale("k_scale", k_scale), check_scale("v_scale", v_scale))
     for name, x in (("key", key), ("value", value)):
-        check_tensor(name, x, 3, (k_cache.dtype,))
+        check_tensor(name, x, 3, FLOAT_DTYPES if fp8["FP8_MANT"] else (k_cache.dtype,))
         if x.shape[1:] != k_cache.shape[2:] or x.shape[0] < n:
             raise InvalidRequestError(
                 f"{name} has shape {tuple(x.shape)}, expected [>= {n}, {num_kv_heads}, {head_dim}]"
@@ -106,18 +137,20 @@ def reshape_and_cache(
     _kv_write_kernel[grid](
         key,
         value,
-        k_cache,
-        v_cache,
+        as_bytes(k_cache),
+        as_bytes(v_cache),
         slots,
         n,
         key.stride(0),
         key.stride(1),
         value.stride(0),
         value.stride(1),
+        *scales,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         ROW_PAD=row_pad,
         BLOCK_T=block_t,
+        **fp8,
     )
 
 

@@ -1,0 +1,503 @@
+"""The continuous (iteration-level) scheduler: the rules of one step, in the order they apply.
+
+Read :mod:`spec.scheduler` first: it states the loop and the rules, with a
+worked example. This module is those rules as code. It decides *who*
+computes *how many* tokens; every question about memory goes to the
+:class:`~spec.cache_manager.CacheManager`, as a query before its command, so
+no block arithmetic happens here.
+
+Every public call either completes or raises a :class:`~spec.errors.SpecError`
+before it changes anything: ``submit`` checks the request fully (including
+whether it could ever fit), ``update`` checks every sampled token before it
+appends one, and ``step`` has no input to check; inside it each memory
+command is issued only after its query said yes, so it cannot fail half-way.
+A caller whose call was refused can abort the offending request and carry on.
+
+What a step costs, with ``R`` running and ``W`` waiting sequences: ordering
+the running ones is a sort of a list that is mostly in order already
+(Timsort: O(R) when nothing joined, O(R log R) at worst); admission looks
+only at the heads of the waiting and swapped queues, O(log W) per sequence
+admitted and O(1) when no seat or budget is free; nothing is ever re-sorted
+as sequences wait (:mod:`spec.sched_policy`). The layout and the metrics are
+O(R + tokens). ``python -m tools.bench_scheduler`` measures it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+from spec.block_manager import BlockManager
+from spec.cache_manager import CacheManager
+from spec.errors import ArgumentTypeError, ArgumentValueError, CapacityError, InvalidRequestError
+from spec.metrics import MetricsRecorder, StepStats
+from spec.request import Request, SeqStatus, Sequence
+from spec.sched_policy import SchedulerConfig, rank
+from spec.sched_queue import RankedQueue
+from spec.sched_types import FinishedRequest, SampleSlot, SchedulerOutput
+from spec.swap import HostPool, SwapIn, SwapOut
+from spec.validate import check_instance, check_int, check_token_id, is_int
+
+__all__ = ["ContinuousScheduler"]
+
+_RANK = attrgetter("rank")
+
+
+@dataclass
+class _Plan:
+    """One step being decided."""
+
+    budget: int
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+    swap_out: list[SwapOut] = field(default_factory=list)
+    swap_in: list[SwapIn] = field(default_factory=list)
+    allocation_failures: int = 0
+
+
+class ContinuousScheduler:
+    """Iteration-level scheduling over one :class:`CacheManager` (see :mod:`spec.scheduler`)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._config = check_instance("config", config, SchedulerConfig)
+        self._cache = CacheManager.from_config(config)
+        self._metrics = MetricsRecorder()
+        self._requests: dict[int, list[Sequence]] = {}
+        self._results: dict[int, FinishedRequest] = {}
+        self._waiting = RankedQueue()  # never admitted, or preempted by recomputation
+        self._swapped = RankedQueue()  # preempted by swapping: their KV is on the host
+        self._running: dict[int, Sequence] = {}  # seq id -> sequence; they hold device blocks
+        self._pending: SchedulerOutput | None = None
+        self._aborted: list[int] = []
+        self._next_seq_id = 0
+        self._arrivals = 0
+        self._step = 0
+
+    # -- the protocol ------------------------------------------------------------
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._config
+
+    @property
+    def cache(self) -> CacheManager:
+        """The memory side: every block this scheduler's sequences hold, device and host."""
+        return self._cache
+
+    @property
+    def manager(self) -> BlockManager:
+        """The device block manager (read-only use: the invariant checker, tests, tools)."""
+        return self._cache.manager
+
+    @property
+    def host(self) -> HostPool:
+        return self._cache.host
+
+    @property
+    def metrics(self) -> MetricsRecorder:
+        return self._metrics
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request``; reject it now if it could never run (admission control).
+
+        Refused, changing nothing: a non-:class:`Request` (``ArgumentTypeError``),
+        a ``request_id`` already submitted (``ArgumentValueError``), and with
+        :class:`CapacityError` a prompt + ``max_new_tokens`` over
+        ``max_model_len``, more samples than ``max_num_seqs``, or a sample that
+        could not fit the whole pool.
+        """
+        cfg = self._config
+        request = check_instance("request", request, Request)
+        rid = request.request_id
+        if rid in self._requests:
+            raise ArgumentValueError(f"request_id {rid} was already submitted")
+        total = len(request.prompt) + request.max_new_tokens
+        if total > cfg.max_model_len:
+            raise CapacityError(
+                f"request {rid}: prompt {len(request.prompt)} + max_new_tokens "
+                f"{request.max_new_tokens} = {total} tokens exceeds "
+                f"max_model_len {cfg.max_model_len}"
+            )
+        if request.n > cfg.max_num_seqs:
+            raise CapacityError(
+                f"request {rid}: n = {request.n} samples exceeds max_num_seqs {cfg.max_num_seqs}"
+            )
+        self._cache.check_admissible(request)
+        seq = Sequence(
+            self._new_seq_id(),
+            request,
+            0,
+            self._arrivals,
+            list(request.prompt),
+            rank(
+                cfg,
+                priority=request.priority,
+                submit_step=self._step,
+                arrival=self._arrivals,
+                sample_index=0,
+            ),
+            submit_step=self._step,
+        )
+        seq.forked = request.n == 1
+        self._arrivals += 1
+        self._requests[rid] = [seq]
+        self._enqueue_new(seq)
+        self._metrics.on_submit(
+            rid, request.request_class, step=self._step, arrival_time=request.arrival_time
+        )
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request (between steps): free its device and host blocks now."""
+        request_id = check_int("request_id", request_id)
+        seqs = self._requests.get(request_id)
+        if seqs is None or request_id in self._results:
+            raise ArgumentValueError(f"request_id {request_id} is not in flight")
+        if self._pending is not None:
+            raise InvalidRequestError("abort() between update() and step(), not mid-step")
+        for seq in seqs:
+            if seq.status in (SeqStatus.FINISHED, SeqStatus.ABORTED):
+                continue
+            self._release(seq)
+            seq.status = SeqStatus.ABORTED
+        self._results[request_id] = self._result(request_id, aborted=True)
+        self._metrics.on_finish(request_id, step=self._step, aborted=True)
+        self._aborted.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._swapped or self._running or self._pending)
+
+    def result(self, request_id: int) -> FinishedRequest:
+        request_id = check_int("request_id", request_id)
+        try:
+            return self._results[request_id]
+        except KeyError:
+            raise ArgumentValueError(f"request_id {request_id} has not finished") from None
+
+    def step(self) -> SchedulerOutput:
+        """Decide this step: running first, then (if nothing was preempted) admissions."""
+        if self._pending is not None:
+            raise InvalidRequestError("step() again: update() must report the previous step first")
+        plan = _Plan(budget=self._config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._admit(plan)
+        out = self._emit(plan)
+        self._pending = out
+        return out
+
+    def update(self, sampled: Mapping[int, int]) -> list[FinishedRequest]:
+        """Append each sampled token; fork at a prompt's end; finish on stop or length.
+
+        ``sampled`` maps every ``SampleSlot.seq_id`` of the last step, and
+        nothing else, to a token id. Checked in full before any token is
+        appended: a refused call changes nothing and may be retried.
+        """
+        out = self._pending
+        if out is None:
+            raise InvalidRequestError("update() without a step() to report")
+        tokens = _check_sampled(out, sampled)
+        for slot in out.samples:  # forks first: the children copy the prompt, not the token
+            if slot.sample_index > 0 and slot.seq_id not in self._running:
+                parent = self._requests[slot.request_id][0]
+                self._fork(parent, slot)
+        finished = []
+        for slot in out.samples:
+            done = self._append_token(self._running[slot.seq_id], tokens[slot.seq_id])
+            if done is not None:
+                finished.append(done)
+        self._pending = None
+        self._step += 1
+        return finished
+
+    # -- step, part 1: running sequences --------------------------------------------
+
+    def _schedule_running(self, plan: _Plan) -> None:
+        """Give each running sequence its next tokens; preempt from the back when blocks run out.
+
+        The queue holds only sequences not yet scheduled this step, so a victim
+        is never one that already has slots, and popping from the front never
+        skips a sequence when a victim is removed from the back.
+        """
+        queue = deque(sorted(self._running.values(), key=_RANK))
+        while queue:
+            seq = queue.popleft()
+            k = self._chunk(seq, plan)
+            if k == 0:
+                continue  # budget spent: it keeps its blocks and runs next step
+            while not self._cache.can_grow(seq.seq_id, k):
+                plan.allocation_failures += 1
+                if not queue:
+                    self._preempt(seq, plan)
+                    break
+                self._preempt(queue.pop(), plan)
+            else:
+                self._cache.grow(seq.seq_id, seq.tokens[seq.num_computed : seq.num_computed + k])
+                self._charge(seq, k, plan)
+
+    def _preempt(self, seq: Sequence, plan: _Plan) -> None:
+        """Take ``seq``'s blocks back now: to the host pool if swapping and room, else drop them."""
+        swap = self._config.preemption == "swap" and self._cache.can_swap_out(seq.seq_id)
+        swapped = self._cache.preempt(seq.seq_id, swap=swap)
+        del self._running[seq.seq_id]
+        if swapped is not None:
+            plan.swap_out.append(swapped)
+            seq.status = SeqStatus.SWAPPED
+            self._swapped.push(seq)
+        else:
+            seq.reset_for_recompute()
+            self._waiting.push(seq)
+        seq.preempted = True
+        plan.preempted.append(seq.seq_id)
+        self._metrics.on_preempt(seq.request.request_id)
+
+    # -- step, part 2: admission -----------------------------------------------------
+
+    def _admit(self, plan: _Plan) -> None:
+        """Bring sequences in, best first, until one does not fit (then stop: no overtaking).
+
+        Only the heads of the queues are looked at: with no seat or no budget
+        free, this returns at once, however many are waiting.
+        """
+        seats = sum(s.seats for s in self._running.values())
+        while plan.budget > 0 and seats < self._config.max_num_seqs:
+            seq = self._next_candidate()
+            if seq is None or seats + seq.seats > self._config.max_num_seqs:
+                return
+            ok = (
+                self._swap_in(seq, plan)
+                if seq.status is SeqStatus.SWAPPED
+                else self._start(seq, plan)
+            )
+            if not ok:
+                plan.allocation_failures += 1
+                return
+            seats += seq.seats
+
+    def _next_candidate(self) -> Sequence | None:
+        """The best-ranked of the swapped and waiting queues' heads."""
+        waiting, swapped = self._waiting.peek(), self._swapped.peek()
+        if waiting is None or swapped is None:
+            return waiting or swapped
+        return swapped if swapped.rank < waiting.rank else waiting
+
+    def _start(self, seq: Sequence, plan: _Plan) -> bool:
+        """Admit a waiting sequence: prefix-cache hits first, then its first chunk."""
+        limit = self._chunk_limit(plan)
+        if not self._cache.can_admit(seq.tokens, limit):
+            return False
+        admitted = self._cache.admit(seq.seq_id, seq.tokens, limit)
+        self._waiting.discard(seq)
+        seq.num_computed = admitted.cached_tokens
+        seq.status = SeqStatus.RUNNING
+        self._running[seq.seq_id] = seq
+        if seq.preempted:
+            seq.preempted = False
+            plan.resumed.append(seq.seq_id)
+        self._charge(seq, admitted.new_tokens, plan)
+        return True
+
+    def _swap_in(self, seq: Sequence, plan: _Plan) -> bool:
+        """Bring a swapped sequence back into fresh blocks, and schedule its next tokens."""
+        k = min(seq.remaining, self._chunk_limit(plan))
+        if not self._cache.can_swap_in(seq.seq_id, k):
+            return False
+        plan.swap_in.append(self._cache.swap_in(seq.seq_id, seq.tokens, k))
+        self._swapped.discard(seq)
+        seq.status = SeqStatus.RUNNING
+        seq.preempted = False
+        self._running[seq.seq_id] = seq
+        plan.resumed.append(seq.seq_id)
+        self._charge(seq, k, plan)
+        return True
+
+    # -- step, part 3: the batch -------------------------------------------------------
+
+    def _charge(self, seq: Sequence, k: int, plan: _Plan) -> None:
+        """Record that ``seq``'s next ``k`` tokens (which have slots now) compute this step."""
+        seq.num_computed += k
+        plan.budget -= k
+        plan.scheduled.append((seq, k))
+        self._metrics.on_scheduled(seq.request.request_id, step=self._step)
+
+    def _emit(self, plan: _Plan) -> SchedulerOutput:
+        batch = self._cache.layout([(s.seq_id, k) for s, k in plan.scheduled])
+        token_ids: list[int] = []
+        samples: list[SampleSlot] = []
+        for row, (seq, k) in enumerate(plan.scheduled):
+            token_ids.extend(seq.tokens[seq.num_computed - k : seq.num_computed])
+            if seq.num_computed == len(seq.tokens):
+                samples.extend(self._sample_slots(row, seq))
+        self._record(plan, batch.num_seqs, batch.num_tokens)
+        aborted, self._aborted = tuple(self._aborted), []
+        return SchedulerOutput(
+            step=self._step,
+            batch=batch,
+            token_ids=tuple(token_ids),
+            samples=tuple(samples),
+            preempted=tuple(plan.preempted),
+            resumed=tuple(plan.resumed),
+            swap_out=tuple(plan.swap_out),
+            swap_in=tuple(plan.swap_in),
+            aborted=aborted,
+        )
+
+    def _sample_slots(self, row: int, seq: Sequence) -> list[SampleSlot]:
+        """One slot for a caught-up sequence; ``n`` at a fork, children's ids reserved now."""
+        rid = seq.request.request_id
+        slots = [SampleSlot(row, seq.seq_id, rid, seq.sample_index, seq.num_generated)]
+        if not seq.forked:
+            for i in range(1, seq.request.n):
+                slots.append(SampleSlot(row, self._new_seq_id(), rid, i, 0))
+        return slots
+
+    def _record(self, plan: _Plan, num_seqs: int, num_tokens: int) -> None:
+        usage = self._cache.usage()
+        self._metrics.add_step(
+            StepStats(
+                step=self._step,
+                num_seqs=num_seqs,
+                num_tokens=num_tokens,
+                num_waiting=self._num_waiting(),
+                num_running=len(self._running),
+                num_swapped=len(self._swapped),
+                free_blocks=usage.free_blocks,
+                cached_blocks=usage.cached_blocks,
+                used_blocks=usage.used_blocks,
+                tail_waste=usage.tail_waste,
+                allocation_failures=plan.allocation_failures,
+                preemptions=len(plan.preempted),
+                swaps_out=len(plan.swap_out),
+                swaps_in=len(plan.swap_in),
+                prefix_queried_tokens=usage.prefix_queried_tokens,
+                prefix_hit_tokens=usage.prefix_hit_tokens,
+            )
+        )
+
+    # -- update ----------------------------------------------------------------------
+
+    def _fork(self, parent: Sequence, slot: SampleSlot) -> None:
+        """Start sample ``slot.sample_index`` as a copy-on-write fork of the prompt's sequence."""
+        self._cache.fork(parent.seq_id, slot.seq_id)
+        virtual, arrival, _ = parent.rank
+        child = Sequence(
+            slot.seq_id,
+            parent.request,
+            slot.sample_index,
+            parent.arrival,
+            list(parent.tokens),
+            (virtual, arrival, slot.sample_index),
+            submit_step=parent.submit_step,
+            num_computed=parent.num_computed,
+            status=SeqStatus.RUNNING,
+            forked=True,
+        )
+        parent.forked = True
+        self._requests[parent.request.request_id].append(child)
+        self._running[child.seq_id] = child
+
+    def _append_token(self, seq: Sequence, token: int) -> FinishedRequest | None:
+        """Add a sampled token; on stop or length, free the sequence's blocks now."""
+        seq.forked = True  # n == 1, or the fork above has happened
+        seq.tokens.append(token)
+        rid = seq.request.request_id
+        self._metrics.on_token(rid, sample=seq.sample_index, step=self._step)
+        if token not in seq.request.stop_tokens and seq.num_generated < seq.request.max_new_tokens:
+            return None
+        self._release(seq)
+        seq.status = SeqStatus.FINISHED
+        seqs = self._requests[rid]
+        if len(seqs) < seq.request.n or any(s.status is not SeqStatus.FINISHED for s in seqs):
+            return None
+        self._results[rid] = self._result(rid, aborted=False)
+        self._metrics.on_finish(rid, step=self._step)
+        return self._results[rid]
+
+    # -- hooks a variant may change ------------------------------------------------------
+
+    def _enqueue_new(self, seq: Sequence) -> None:
+        """Where a submitted request waits: the waiting queue, admitted best rank first."""
+        self._waiting.push(seq)
+
+    def _num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def _release(self, seq: Sequence) -> None:
+        """Free whatever ``seq`` holds, device or host, and drop it from every queue."""
+        if seq.status is SeqStatus.RUNNING:
+            self._cache.release(seq.seq_id)
+            del self._running[seq.seq_id]
+        elif seq.status is SeqStatus.SWAPPED:
+            self._cache.release(seq.seq_id)
+            self._swapped.discard(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self._waiting.discard(seq)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _result(self, request_id: int, *, aborted: bool) -> FinishedRequest:
+        seqs = sorted(self._requests[request_id], key=lambda s: s.sample_index)
+        return FinishedRequest(
+            request_id, tuple(s.outputs for s in seqs), tuple(s.seq_id for s in seqs), aborted
+        )
+
+    def _chunk_limit(self, plan: _Plan) -> int:
+        cap = self._config.max_chunk_tokens
+        return plan.budget if cap is None else min(plan.budget, cap)
+
+    def _chunk(self, seq: Sequence, plan: _Plan) -> int:
+        return min(seq.remaining, self._chunk_limit(plan))
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id - 1
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def sequences(self) -> Iterable[Sequence]:
+        """Every sequence ever created (read-only use: tests and tools inspect them)."""
+        for seqs in self._requests.values():
+            yield from seqs
+
+    def check_integrity(self) -> None:
+        """Assert that queues, statuses and memory agree (tests call this after every call).
+
+        Running sequences are exactly the device holders, swapped ones exactly
+        the host holders, waiting ones hold nothing; seats are within
+        ``max_num_seqs``; and the memory side's own invariants hold.
+        """
+        self._cache.check_integrity()
+        device = set(self._cache.manager.sequence_ids())
+        assert device == set(self._running), f"running {sorted(self._running)}, device {device}"
+        assert all(s.status is SeqStatus.RUNNING for s in self._running.values())
+        swapped = {s.seq_id for s in self._swapped}
+        assert swapped == set(self._cache.swapped_ids()), f"swapped {swapped} disagree with host"
+        assert all(s.status is SeqStatus.SWAPPED for s in self._swapped)
+        for seq in self._waiting:
+            assert seq.status is SeqStatus.WAITING and not self._cache.holds(seq.seq_id)
+        seats = sum(s.seats for s in self._running.values())
+        assert seats <= self._config.max_num_seqs, f"{seats} seats taken"
+
+
+def _check_sampled(out: SchedulerOutput, sampled: object) -> dict[int, int]:
+    """``sampled`` as ``{seq_id: token}``, if it names exactly the step's samples, each a token."""
+    if not isinstance(sampled, Mapping):
+        raise ArgumentTypeError(
+            f"sampled must be a mapping from seq_id to token id, got {type(sampled).__name__}"
+        )
+    for key in sampled:
+        if not is_int(key):
+            raise ArgumentTypeError(
+                f"sampled keys must be seq_ids (ints), got {type(key).__name__} {key!r}"
+            )
+    expected = {s.seq_id for s in out.samples}
+    keys = {int(k) for k in sampled}
+    if keys != expected:
+        raise ArgumentValueError(
+            f"sampled must name exactly the sequences step {out.step} samples "
+            f"{sorted(expected)}: missing {sorted(expected - keys)}, "
+            f"unexpected {sorted(keys - expected)}"
+        )
+    return {int(k): check_token_id(f"sampled[{k}]", v) for k, v in sampled.items()}
