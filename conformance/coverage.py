@@ -76,7 +76,9 @@ class Coverage:
             f"dtypes: {', '.join(sorted(self.dtypes)) or 'none'}",
             f"widest step: {self.widest_step} sequences "
             f"({self.widest_decodes} decodes, {chunks} prefill chunks)",
-            f"widest mixed step: {self.widest_mixed[0]} decodes with "
+            "widest mixed step: none"
+            if not any(self.widest_mixed)
+            else f"widest mixed step: {self.widest_mixed[0]} decodes with "
             f"{self.widest_mixed[1]} prefill chunks",
             f"largest KV element offset: {self.max_offset} (past 2^31: {past})",
         ]

@@ -68,6 +68,7 @@ from conformance.numerics import (
     LARGE_LOGITS,
     USUAL_SCALE,
     ExampleMeter,
+    Margins,
     output_errors,
     same_precision,
     ulp_scale,
@@ -120,6 +121,7 @@ class Lockstep:
         *,
         skips: Counter[str] | None = None,
         coverage: Coverage | None = None,
+        margins: Margins | None = None,
         whole_pool_slots: int = WHOLE_POOL_SLOTS,
     ) -> None:
         g = config.geometry
@@ -135,6 +137,7 @@ class Lockstep:
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.skips: Counter[str] = Counter() if skips is None else skips
         self.coverage = Coverage() if coverage is None else coverage
+        self.margins = Margins() if margins is None else margins
         self.step_index = 0
         self.log = [f"ls = Lockstep(backend, {config!r})"]
         self._truth = SequenceTruth(self.truth)
@@ -223,7 +226,9 @@ class Lockstep:
             return
         with self._op():
             self._check_kv(None, None)
-            diff = example_difference(self.step_index, self._example.result())
+            example = self._example.result()
+            self.margins.note_example(example)
+            diff = example_difference(self.step_index, example)
             if diff is not None:
                 raise ConformanceFailure(diff, self.log)
             self.checks["examples judged for mean error and bias (in ulps)"] += 1
@@ -349,6 +354,7 @@ class Lockstep:
             same = round_to(same, dtype)
             scale = ulp_scale(exact, dtype)
             errors = output_errors(exact, same, actual, dtype, self._regime, path, scale)
+            self.margins.note_step(errors)
             diff = first_output_difference(self.step_index, layer, exact, actual, errors, rows)
             if diff is not None:
                 raise ConformanceFailure(self._named(diff, layer), self.log)

@@ -43,6 +43,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from conformance.coverage import Coverage
 from conformance.envelope import Envelope
 from conformance.lockstep import ConformanceFailure, Lockstep
+from conformance.numerics import Margins
 from conformance.plan import Plan
 from conformance.variants import label
 from conformance.workload import WorkloadConfig
@@ -70,6 +71,7 @@ class RunStats:
     configs: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)  # attention the backend cannot run
     coverage: Coverage = field(default_factory=Coverage)
+    margins: Margins = field(default_factory=Margins)  # how close the outputs came to failing
     longest: int = 0  # the most tokens any sequence held when a step ran
     first_failure_example: int | None = None  # examples run when the first failure appeared
 
@@ -161,6 +163,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 self.stats.checks,
                 skips=self.stats.skips,
                 coverage=self.stats.coverage,
+                margins=self.stats.margins,
             )
         except ConformanceFailure:
             self.stats.note_failure()

@@ -371,3 +371,46 @@ class ExampleMeter:
     def result(self) -> ExampleErrors:
         b, r, signed, outward = (float(m) for m in self._sums / max(self._count, 1))
         return ExampleErrors(self.dtype, b, r, signed, outward, self._count)
+
+
+class Margins:
+    """How close a run came to each check's limit: the largest share of the allowance used.
+
+    Per dtype: check 1's largest ``excess`` over every step, check 2's largest
+    mean error over every example (as a share of its allowance), and check 3's
+    largest lean in ulps. Under 1 (under the limit for the lean) passes; a
+    report shows them so that a kernel author sees how much room is left.
+
+    >>> m = Margins()
+    >>> m.note_step(output_errors(np.ones(4), np.ones(4), np.ones(4) + 2**-11, "float16"))
+    >>> m.describe()
+    ['float16: steps 0.50 of the allowed error, examples - of the allowed mean, lean - ulp']
+    """
+
+    def __init__(self) -> None:
+        self.step: dict[str, float] = {}
+        self.mean: dict[str, float] = {}
+        self.lean: dict[str, float] = {}
+
+    def note_step(self, errors: OutputErrors) -> None:
+        d = errors.dtype
+        self.step[d] = max(self.step.get(d, 0.0), errors.excess)
+
+    def note_example(self, errors: ExampleErrors) -> None:
+        if errors.count < MIN_SAMPLES:
+            return
+        d = errors.dtype
+        share = errors.mean_ulps / errors.allowed_mean_ulps
+        self.mean[d] = max(self.mean.get(d, 0.0), share)
+        lean = max(abs(errors.mean_signed_ulps), abs(errors.mean_outward_ulps))
+        self.lean[d] = max(self.lean.get(d, 0.0), lean)
+
+    def describe(self) -> list[str]:
+        def fmt(table: dict[str, float], d: str, digits: int) -> str:
+            return f"{table[d]:.{digits}f}" if d in table else "-"
+
+        return [
+            f"{d}: steps {fmt(self.step, d, 2)} of the allowed error, examples "
+            f"{fmt(self.mean, d, 2)} of the allowed mean, lean {fmt(self.lean, d, 3)} ulp"
+            for d in sorted(self.step)
+        ]

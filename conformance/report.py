@@ -90,6 +90,8 @@ def _coverage_lines(result: RunResult) -> list[str]:
     lines = [f"  envelope: {result.envelope}; passes (examples asked): {passes}"]
     lines += [f"  drawn: {note}" for note in result.notes]
     lines += ["  coverage:", *(f"    {line}" for line in result.stats.coverage.describe())]
+    margins = result.stats.margins.describe()
+    lines += ["  numerics (the most of each allowance used):", *(f"    {m}" for m in margins)]
     return lines
 
 
@@ -222,6 +224,11 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "passes": [{"pass": name, "examples": count} for name, count in result.passes],
         "drawn": list(result.notes),
         "coverage": s.coverage.to_json(),
+        "numerics_margins": {
+            "step_excess": dict(sorted(s.margins.step.items())),
+            "example_mean_share": dict(sorted(s.margins.mean.items())),
+            "example_lean_ulps": dict(sorted(s.margins.lean.items())),
+        },
         "skipped": _skips(result),
         "capabilities": {
             "name": result.capabilities.name,
