@@ -8,6 +8,13 @@ dtype on one device, filled with NaN at creation exactly like
 and ``read_cache`` of both agree. A quantized cache (``kv_dtype``) is a
 ``torch.float8_e4m3fn`` / ``float8_e5m2`` tensor holding the stored fp8 values,
 which ``read_cache`` returns as they are (not times the scale).
+
+A pool of more than :data:`spec.kv_memory.LAZY_ELEMENTS` elements per layer is
+allocated with ``torch.empty`` instead: filling it would touch every page (4 GiB
+for a pool past 2^31 fp16 elements), while an untouched CPU allocation costs no
+resident memory. Its unwritten slots hold whatever the allocator gives; the
+conformance suite writes every block it compares first, and reads such a pool
+with ``read_blocks``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from backend_gpu.kernels._fp8 import FP8_TORCH
 from spec.backend import FloatArray, KVGeometry
 from spec.batch import BatchMetadata
 from spec.errors import InvalidRequestError
+from spec.kv_memory import LAZY_ELEMENTS
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -44,6 +52,9 @@ class TorchKVCache:
         self.v = [self._nans(shape) for _ in range(g.num_layers)]
 
     def _nans(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """NaN-filled storage, or uninitialised (lazy) storage for a pool too large to fill."""
+        if self.geometry.num_elements > LAZY_ELEMENTS:
+            return torch.empty(shape, dtype=self.cache_dtype, device=self.device)
         return torch.full(shape, float("nan"), dtype=self.cache_dtype, device=self.device)
 
     def scales(self, layer: int) -> tuple[float, float]:
@@ -91,6 +102,17 @@ class TorchKVCache:
         k, v = self.layer(layer)
         return to_numpy(k), to_numpy(v)
 
+    def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+        """K and V of just ``blocks`` (``[len(blocks), B, H_kv, D]``), without copying the pool."""
+        k, v = self.layer(layer)
+        ids = np.asarray(blocks, dtype=np.int64).reshape(-1)
+        if ((ids < 0) | (ids >= self.geometry.num_blocks)).any():
+            raise InvalidRequestError(
+                f"blocks {ids.tolist()} not all in 0..{self.geometry.num_blocks - 1}"
+            )
+        index = torch.from_numpy(ids).to(self.device)
+        return to_numpy(k[index]), to_numpy(v[index])
+
 
 class TorchCacheBackend:
     """What the torch-based backends share: the cache they hold and the numpy boundary.
@@ -107,6 +129,9 @@ class TorchCacheBackend:
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
         return self._mem().read(layer)
+
+    def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+        return self._mem().read_blocks(layer, blocks)
 
     def _mem(self) -> TorchKVCache:
         if self._cache is None:

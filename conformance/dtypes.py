@@ -1,9 +1,9 @@
-"""Rounding to a cache dtype, and how close an attention output must come to the reference.
+"""Rounding to a cache dtype.
 
 The suite hands a backend only values its cache dtype represents exactly, so a
 KV write followed by a read must return them bit for bit: KV is compared
-exactly, whatever the dtype. Attention outputs involve arithmetic, so they are
-compared against the float64 reference within a per-dtype tolerance.
+exactly, whatever the dtype. Attention outputs involve arithmetic: how close
+they must come is :mod:`conformance.numerics`.
 
 numpy has no bfloat16; :func:`round_to` rounds float32 to the nearest bfloat16
 (ties to even) with integer arithmetic on the bits, which is what
@@ -17,31 +17,10 @@ numpy has no bfloat16; :func:`round_to` rounds float32 to the nearest bfloat16
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numpy.typing import NDArray
 
 F64 = NDArray[np.float64]
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """``|actual - expected| <= atol + rtol * |expected|``, elementwise."""
-
-    atol: float
-    rtol: float
-
-
-TOLERANCES = {
-    # fp32: far under 1e-3 when computed in fp32; 1e-3 still admits a TF32 dot (~3e-4 relative).
-    "float32": Tolerance(atol=1e-3, rtol=1e-3),
-    # fp16: FlashInfer's 1e-3, widened for probabilities rounded to fp16 before the P @ V product.
-    "float16": Tolerance(atol=5e-3, rtol=5e-3),
-    # bf16: vLLM's unified-attention test tolerance.
-    "bfloat16": Tolerance(atol=1.5e-2, rtol=1e-2),
-}
-"""Attention-output tolerance per cache dtype (KV itself is always compared exactly)."""
 
 
 def round_to(x: NDArray[np.floating], dtype: str) -> F64:

@@ -3,9 +3,30 @@
 A :class:`Lockstep` owns a spec :class:`~spec.block_manager.BlockManager` and
 :class:`~spec.kv_memory.KVMemory` and the backend under test. The spec decides
 block tables, slot mappings and copy lists; both sides execute them. After
-every step, every slot of the backend's cache must equal the spec's bit for bit
-(reported per live sequence and logical token first), and every attention
-output must match the float64 reference within the dtype's tolerance.
+every step the backend's cache must equal the spec's bit for bit (reported per
+live sequence and logical token first), and every attention output must be as
+close to the float64 reference as a kernel of its precision gets
+(:mod:`conformance.numerics`).
+
+What the backend sees can differ from what the spec decides in two ways:
+
+* **A large pool** (``config.block_base > 0``): the spec's pool stays small,
+  and spec block ``b`` is backend block ``block_base + b`` in everything the
+  backend is handed (tables, slots, copies, reads), so KV element offsets
+  pass 2^31 while the spec, the comparison and the backend's resident memory
+  stay small. One guard block below and one above are primed and must never
+  change.
+* **Capabilities**: a backend is never handed an attention batch its
+  :class:`~spec.backend.Capabilities` refuse. Attention is split into calls
+  it accepts (decodes apart from prefill chunks without ``mixed_batches``, at
+  most ``max_num_seqs`` sequences each); a sequence whose query it cannot run
+  at all (a prefill for a decode-only kernel) still has its KV written and
+  compared, and its attention is counted as skipped, with the reason.
+
+Pools of up to :data:`WHOLE_POOL_SLOTS` slots are compared whole after every
+step. Larger ones are compared where the step wrote (the blocks written or
+copied into, and their neighbours), and whole every :data:`SWEEP_EVERY` steps
+and at :meth:`Lockstep.finish`, so a stray write anywhere is still caught.
 
 Each operation is also logged as a line of Python, so that a failing workload
 replays as a plain script (see :mod:`conformance.report`):
@@ -17,34 +38,66 @@ replays as a plain script (see :mod:`conformance.report`):
 0
 >>> ls.step([(0, [7, 8, 9])])
 [0]
->>> ls.log[-2:]
-['ls.add(0, [7, 8, 9])', 'ls.step([(0, [7, 8, 9])])']
+>>> ls.finish()
+>>> ls.log[-3:]
+['ls.add(0, [7, 8, 9])', 'ls.step([(0, [7, 8, 9])])', 'ls.finish()']
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import NoReturn, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from conformance.compare import Difference, first_kv_difference, first_output_difference
-from conformance.dtypes import F64, TOLERANCES
+from conformance.compare import (
+    Difference,
+    example_difference,
+    first_kv_difference,
+    first_output_difference,
+)
+from conformance.coverage import Coverage
+from conformance.dtypes import F64, round_to
 from conformance.guard import BackendFault, CallGuard
+from conformance.numerics import (
+    LARGE_LOGITS,
+    USUAL_SCALE,
+    ExampleMeter,
+    Margins,
+    output_errors,
+    same_precision,
+    ulp_scale,
+)
 from conformance.variants import describe, describe_kv
-from conformance.workload import TokenKV, WorkloadConfig, background, padding_rows, queries
+from conformance.workload import (
+    SequenceTruth,
+    TokenKV,
+    WorkloadConfig,
+    background,
+    guard_background,
+    large_logits,
+    padding_rows,
+    queries,
+)
 from spec.attention import paged_attention
-from spec.backend import Backend
-from spec.batch import BatchMetadata, build_batch
+from spec.backend import Backend, Capabilities, KVGeometry
+from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
 from spec.errors import OutOfBlocksError
 from spec.kv_memory import KVMemory
 from spec.quant import dequantize, quantize
 
 _T = TypeVar("_T")
+
+WHOLE_POOL_SLOTS = 4096
+"""Pools of at most this many slots are compared whole after every step."""
+SWEEP_EVERY = 8
+"""Larger pools are compared whole every this many steps (and at the end)."""
 
 
 class ConformanceFailure(AssertionError):
@@ -65,45 +118,77 @@ class Lockstep:
         config: WorkloadConfig,
         checks: Counter[str] | None = None,
         guard: CallGuard | None = None,
+        *,
+        skips: Counter[str] | None = None,
+        coverage: Coverage | None = None,
+        margins: Margins | None = None,
+        whole_pool_slots: int = WHOLE_POOL_SLOTS,
     ) -> None:
         g = config.geometry
         self.backend = backend
         self.guard = CallGuard() if guard is None else guard
         self.config = config
+        self.base = config.block_base
         self.manager = BlockManager(
             g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching
         )
-        self.memory = KVMemory(
-            g.num_layers,
-            g.num_blocks,
-            g.block_size,
-            g.num_kv_heads,
-            g.head_dim,
-            kv_dtype=g.kv_dtype,
-            kv_scales=g.kv_scales,
-        )
+        self.memory = _memory(g)
         self.truth = TokenKV(config)
         self.checks: Counter[str] = Counter() if checks is None else checks
+        self.skips: Counter[str] = Counter() if skips is None else skips
+        self.coverage = Coverage() if coverage is None else coverage
+        self.margins = Margins() if margins is None else margins
         self.step_index = 0
         self.log = [f"ls = Lockstep(backend, {config!r})"]
+        self._truth = SequenceTruth(self.truth)
+        self._whole = g.num_blocks * g.block_size <= whole_pool_slots
+        self._same = same_precision(g.dtype, g.kv_dtype is not None)
+        self._example = ExampleMeter(g.dtype)
+        self._regime = LARGE_LOGITS if large_logits(config) else USUAL_SCALE
+        self._clean = True
+        self.caps: Capabilities = self._call("capabilities", lambda: backend.capabilities)
+        self._read_blocks = getattr(backend, "read_blocks", None)
+        if self.base and self._read_blocks is None:
+            raise ValueError("a large pool needs the backend's read_blocks(layer, blocks)")
+        ratio = config.num_heads // g.num_kv_heads
+        self.coverage.note_shape(
+            head_dim=g.head_dim,
+            block_size=g.block_size,
+            num_kv_heads=g.num_kv_heads,
+            gqa_ratio=ratio,
+            dtype=g.dtype,
+        )
+        self._guards = self._guard_blocks()
         self.guard.attach(self)  # the guard reports the workload with each call
-        self._call("create_cache", backend.create_cache, g)
-        self._prime()
+        with self._op():
+            self._call("create_cache", backend.create_cache, self.backend_geometry)
+            self._prime()
+
+    @property
+    def backend_geometry(self) -> KVGeometry:
+        """The geometry the backend allocates: the spec's, or a large pool around it."""
+        g = self.config.geometry
+        return replace(g, num_blocks=self.base + g.num_blocks + 1) if self.base else g
 
     # -- operations ---------------------------------------------------------------
 
     def add(self, seq_id: int, prompt: Sequence[int]) -> int:
         """Start a sequence; return how many prompt tokens the prefix cache supplied."""
         self.log.append(f"ls.add({seq_id}, {list(prompt)!r})")
-        return self.manager.add_sequence(seq_id, prompt)
+        with self._op():
+            return self.manager.add_sequence(seq_id, prompt)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         self.log.append(f"ls.fork({parent_id}, {child_id})")
-        self.manager.fork(parent_id, child_id)
+        with self._op():
+            self.manager.fork(parent_id, child_id)
+            self._truth.fork(parent_id, child_id)
 
     def free(self, seq_id: int) -> None:
         self.log.append(f"ls.free({seq_id})")
-        self.manager.free(seq_id)
+        with self._op():
+            self.manager.free(seq_id)
+            self._truth.drop(seq_id)
 
     def step(self, schedule: Sequence[tuple[int, Sequence[int]]]) -> list[int]:
         """Append each sequence's new tokens and run one step; return the sequences that ran.
@@ -111,64 +196,121 @@ class Lockstep:
         A sequence the pool cannot grow is left out of the step, unchanged.
         """
         self.log.append(f"ls.step({[(s, list(t)) for s, t in schedule]!r})")
-        ran = [(seq_id, len(tokens)) for seq_id, tokens in schedule if self._append(seq_id, tokens)]
-        if not ran:
-            return []
-        self.step_index += 1
-        batch = build_batch(self.manager, ran)
-        self._call("copy_blocks", self.backend.copy_blocks, list(batch.copies))
-        self.memory.copy_blocks(batch.copies)
-        outputs = [
-            self._run_layer(layer, batch) for layer in range(self.config.geometry.num_layers)
-        ]
-        self.check_cache()  # KV first: a wrong cache is the usual root cause of a wrong output
-        self._check_outputs(batch, outputs)
-        return [seq_id for seq_id, _ in ran]
+        with self._op():
+            ran = [(s, len(tokens)) for s, tokens in schedule if self._append(s, tokens)]
+            if not ran:
+                return []
+            self.step_index += 1
+            batch = build_batch(self.manager, ran)
+            self._call("copy_blocks", self.backend.copy_blocks, self._shift_copies(batch.copies))
+            self.memory.copy_blocks(batch.copies)
+            calls = self._attention_calls(batch)
+            outputs = [
+                self._run_layer(layer, batch, calls)
+                for layer in range(self.config.geometry.num_layers)
+            ]
+            # KV first: a wrong cache is the usual root cause of a wrong output
+            whole = self._whole or self.step_index % SWEEP_EVERY == 0
+            self._check_kv(None if whole else _written_blocks(batch), batch.seq_ids)
+            self._check_outputs(batch, calls, outputs)
+            return [seq_id for seq_id, _ in ran]
+
+    def finish(self) -> None:
+        """The end of a workload: the whole pool compared; the outputs' mean error and bias judged.
+
+        Does nothing after an operation that did not complete (a failure, or
+        an error inside the suite): its state is not one to judge.
+        """
+        self.log.append("ls.finish()")
+        if not self._clean:
+            return
+        with self._op():
+            self._check_kv(None, None)
+            example = self._example.result()
+            self.margins.note_example(example)
+            diff = example_difference(self.step_index, example)
+            if diff is not None:
+                raise ConformanceFailure(diff, self.log)
+            self.checks["examples judged for mean error and bias (in ulps)"] += 1
 
     # -- checks -------------------------------------------------------------------
 
     def check_cache(self) -> None:
-        """Every slot of the backend's cache equals the spec's, and the spec equals the truth."""
+        """Every block of the spec's pool (and the guards) equals the backend's, bit for bit."""
+        with self._op():
+            self._check_kv(None, None)
+
+    def _check_kv(self, blocks: list[int] | None, seq_ids: Sequence[int] | None) -> None:
+        """Compare ``blocks`` (all if ``None``) and the guards; then the spec against the truth."""
         g = self.config.geometry
+        ids = (
+            list(range(g.num_blocks)) if blocks is None else [x for x in blocks if x < g.num_blocks]
+        )
         owners = self._owners()
-        shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        b, row = g.block_size, (g.num_kv_heads, g.head_dim)
+        slots = (np.asarray(ids, dtype=np.int64)[:, None] * b + np.arange(b)).reshape(-1)
         for layer in range(g.num_layers):
-            got = self._call("read_cache", self.backend.read_cache, layer)
-            for name, actual, expected in zip(
-                "KV", got, (self.memory.k[layer], self.memory.v[layer]), strict=True
-            ):
-                actual = _f64(actual)
-                if actual.shape != shape:
-                    self._fail(
-                        "shape",
-                        f"read_cache({layer}) {name} has shape {actual.shape}, expected {shape}",
-                        layer=layer,
-                    )
-                flat = (g.num_blocks * g.block_size, g.num_kv_heads, g.head_dim)
+            got = self._read(layer, ids)
+            for which, (name, actual) in enumerate(zip("KV", got, strict=True)):
+                spec = (self.memory.k, self.memory.v)[which][layer][ids]
                 diff = first_kv_difference(
                     self.step_index,
                     layer,
                     name,
-                    expected.reshape(flat),
-                    actual.reshape(flat),
+                    spec.reshape(-1, *row),
+                    actual.reshape(-1, *row),
                     owners,
-                    g.block_size,
+                    b,
+                    slots=slots,
+                    block_offset=self.base,
                 )
                 if diff is not None:
                     raise ConformanceFailure(self._named(diff, layer), self.log)
-            self.checks["K and V of every slot compared exactly"] += 2 * flat[0]
-            self.checks["K and V of live tokens compared exactly"] += 2 * len(owners)
-        self._check_spec_truth()
+            self._check_guards(layer)
+        self.checks["K and V slots compared exactly"] += 2 * g.num_layers * len(ids) * b
+        if blocks is None:
+            self.checks["whole-pool comparisons"] += 1
+        self._check_spec_truth(None if blocks is None else seq_ids)
 
-    def _check_spec_truth(self) -> None:
+    def _check_guards(self, layer: int) -> None:
+        """The guard blocks around a large pool's workload still hold their primed values."""
+        if not self._guards:
+            return
+        g = self.config.geometry
+        ids = [blk for blk, _ in self._guards]
+        got = self._read(layer, ids, backend_ids=True)
+        want = guard_background(self.config, layer, len(ids) * g.block_size)
+        row = (g.num_kv_heads, g.head_dim)
+        for which, name in enumerate("KV"):
+            expected = self._as_stored(want[which], layer, which)
+            for j, (blk, _) in enumerate(self._guards):
+                lo = j * g.block_size
+                diff = first_kv_difference(
+                    self.step_index,
+                    layer,
+                    name,
+                    expected[lo : lo + g.block_size].reshape(-1, *row),
+                    got[which][j].reshape(-1, *row),
+                    {},
+                    g.block_size,
+                    slots=list(range(blk * g.block_size, (blk + 1) * g.block_size)),
+                )
+                if diff is not None:
+                    detail = f"guard block {blk} (the workload never writes it) changed: "
+                    raise ConformanceFailure(replace(diff, detail=detail + diff.detail), self.log)
+        self.checks["guard blocks around a large pool unchanged"] += len(ids)
+
+    def _check_spec_truth(self, seq_ids: Sequence[int] | None) -> None:
         """The spec's memory holds each live token's true K and V (a check of the spec itself)."""
-        for seq_id in self.manager.sequence_ids():
+        live = self.manager.sequence_ids() if seq_ids is None else seq_ids
+        for seq_id in live:
             tokens = self.manager.tokens(seq_id)
             table = self.manager.block_table(seq_id)
             for layer in range(self.config.geometry.num_layers):
                 k, v = self.memory.gather(layer, table, len(tokens))
                 tk, tv = (
-                    self._as_read(x, layer, i) for i, x in enumerate(self.truth.rows(tokens, layer))
+                    self._as_read(x, layer, i)
+                    for i, x in enumerate(self._truth.rows(seq_id, tokens, layer))
                 )
                 if not (np.array_equal(k, tk) and np.array_equal(v, tv)):
                     raise AssertionError(
@@ -185,32 +327,77 @@ class Lockstep:
         scale = g.kv_scales[layer][which]
         return dequantize(quantize(x, scale, g.kv_dtype), scale)
 
-    def _check_outputs(self, batch: BatchMetadata, outputs: Sequence[tuple[F64, F64]]) -> None:
+    def _as_stored(self, x: F64, layer: int, which: int) -> F64:
+        """What the cache stores for written values ``x``: themselves, or their fp8 values."""
+        g = self.config.geometry
+        if g.kv_dtype is None:
+            return x
+        return quantize(x, g.kv_scales[layer][which], g.kv_dtype)
+
+    def _check_outputs(
+        self,
+        batch: BatchMetadata,
+        calls: list[_Call],
+        outputs: Sequence[tuple[F64, F64, F64, list[str | None]]],
+    ) -> None:
+        attended = [i for call in calls for i in call]
         rows = [
-            (seq_id, pos)
-            for i, seq_id in enumerate(batch.seq_ids)
+            (batch.seq_ids[i], pos)
+            for i in attended
             for pos in range(batch.seq_lens[i] - batch.query_len(i), batch.seq_lens[i])
         ]
-        tolerance = TOLERANCES[self.config.dtype]
-        for layer, (expected, actual) in enumerate(outputs):
-            diff = first_output_difference(
-                self.step_index, layer, expected, actual, tolerance, rows
-            )
+        dtype = self.config.dtype
+        for layer, (exact, same, actual, paths) in enumerate(outputs):
+            if not rows:
+                continue
+            path = "; ".join(dict.fromkeys(p for p in paths if p)) or None
+            same = round_to(same, dtype)
+            scale = ulp_scale(exact, dtype)
+            errors = output_errors(exact, same, actual, dtype, self._regime, path, scale)
+            self.margins.note_step(errors)
+            diff = first_output_difference(self.step_index, layer, exact, actual, errors, rows)
             if diff is not None:
                 raise ConformanceFailure(self._named(diff, layer), self.log)
-            self.checks["attention outputs compared to the float64 reference"] += len(rows)
+            self._example.add(exact, actual, same, scale[0])
+            self.checks["attention outputs judged against the same-precision reference"] += len(
+                rows
+            )
 
     # -- internals ----------------------------------------------------------------
+
+    @contextmanager
+    def _op(self) -> Iterator[None]:
+        """One operation: if anything escapes it, :meth:`finish` no longer judges the state."""
+        self._clean = False
+        yield
+        self._clean = True
+
+    def _guard_blocks(self) -> list[tuple[int, int]]:
+        """``(backend block, spec-side index)`` of the guard blocks of a large pool."""
+        if not self.base:
+            return []
+        return [(self.base - 1, 0), (self.base + self.config.geometry.num_blocks, 1)]
 
     def _prime(self) -> None:
         """Fill every slot with known values first, so that any stray write is visible."""
         g = self.config.geometry
-        slots = list(range(g.num_blocks * g.block_size))
+        b = g.block_size
+        slots = list(range(g.num_blocks * b))
+        guard_slots = [s for blk, _ in self._guards for s in range(blk * b, (blk + 1) * b)]
         for layer in range(g.num_layers):
             k, v = background(self.config, layer)
-            self._call("write_kv", self.backend.write_kv, layer, _f32(k), _f32(v), slots)
+            gk, gv = guard_background(self.config, layer, len(guard_slots))
+            self._call(
+                "write_kv",
+                self.backend.write_kv,
+                layer,
+                _f32(np.concatenate([k, gk])),
+                _f32(np.concatenate([v, gv])),
+                self._shift_slots(slots) + guard_slots,
+            )
             self.memory.write(layer, k, v, slots)
-        self.check_cache()
+        self._note_offset(max(self._shift_slots(slots) + guard_slots))
+        self._check_kv(None, None)
 
     def _append(self, seq_id: int, tokens: Sequence[int]) -> bool:
         m = self.manager
@@ -224,13 +411,43 @@ class Lockstep:
             return False
         return True
 
-    def _run_layer(self, layer: int, batch: BatchMetadata) -> tuple[F64, F64]:
-        """Write this step's K and V (with padding) and run attention on both sides."""
+    def _attention_calls(self, batch: BatchMetadata) -> list[_Call]:
+        """The sequences of each attention call the backend accepts; the rest count as skipped."""
+        caps, runnable = self.caps, []
+        for i in range(batch.num_seqs):
+            n = batch.query_len(i)
+            why = caps.query_unsupported(n, batch.seq_lens[i] - n)
+            if why:
+                kind = "decode" if n == 1 else "prefill chunk"
+                self.skips[f"{kind} attention not run: {_generic(why)}; its KV was checked"] += 1
+            else:
+                runnable.append(i)
+        kinds: list[list[int]] = [runnable]
+        if not caps.mixed_batches:
+            kinds = [[i for i in runnable if batch.query_len(i) == 1]]
+            kinds.append([i for i in runnable if batch.query_len(i) > 1])
+        width = caps.max_num_seqs or batch.num_seqs or 1
+        calls = [k[j : j + width] for k in kinds for j in range(0, len(k), width)]
+        calls = [c for c in calls if c]
+        for call in calls:
+            why = caps.batch_unsupported(_sub_batch(batch, call))
+            assert why is None, f"internal error: the suite built a refused batch: {why}"
+        return calls
+
+    def _run_layer(
+        self, layer: int, batch: BatchMetadata, calls: list[_Call]
+    ) -> tuple[F64, F64, F64, list[str | None]]:
+        """Write this step's K and V (with padding), then run each attention call on both sides.
+
+        Returns the float64 reference, the same-precision reference and the
+        backend's output for the attended rows, and the backend's paths.
+        """
         c = self.config
         key, value = self._new_kv(layer, batch)
         pad = self.step_index % 3  # padding slots (-1), then one row past the slot mapping
         junk = padding_rows(c, self.step_index, layer, pad + 1)
-        slots = list(batch.slot_mapping) + [PAD_SLOT] * pad
+        group = c.geometry.group_of(layer)
+        slots = self._shift_slots(batch.slots(group)) + [PAD_SLOT] * pad
         self._call(
             "write_kv",
             self.backend.write_kv,
@@ -239,29 +456,71 @@ class Lockstep:
             _f32(np.concatenate([value, -junk])),
             slots,
         )
-        self.memory.write(layer, key, value, batch.slot_mapping)
+        self.memory.write(layer, key, value, batch.slots(group))
+        self._note_offset(max(slots))
         query = queries(c, self.step_index, layer, batch.num_tokens)
         variant = c.variant(layer)
         extra = {} if variant.is_plain else {"variant": variant}  # plain calls stay unchanged
-        attend = self.backend.attention
-        actual = self._call("attention", attend, layer, _f32(query), batch, c.scale, **extra)
-        actual = _f64(actual)
-        if actual.shape != query.shape:
-            self._fail(
-                "shape",
-                f"attention returned shape {actual.shape}, expected {query.shape}",
-                layer=layer,
+        actual, paths = [], []
+        for call in calls:
+            sub = _sub_batch(batch, call)
+            q = query[_rows(batch, call)]
+            out = self._call(
+                "attention",
+                self.backend.attention,
+                layer,
+                _f32(q),
+                self._view(sub),
+                c.scale,
+                **extra,
             )
-        group = c.geometry.group_of(layer)
-        expected = paged_attention(
-            query, batch, self.memory, layer, c.scale, variant=variant, group=group
+            out = _f64(out)
+            if out.shape != q.shape:
+                self._fail(
+                    "shape",
+                    f"attention returned shape {out.shape}, expected {q.shape}",
+                    layer=layer,
+                )
+            actual.append(out)
+            paths.append(self._path())
+            decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
+            self.coverage.note_step(num_seqs=sub.num_seqs, decodes=decodes, max_offset=0)
+        attended = _sub_batch(batch, [i for call in calls for i in call])
+        q_all = query[_rows(batch, [i for call in calls for i in call])]
+        exact = self._reference(q_all, attended, layer)
+        same = self._reference(q_all, attended, layer, same_precision=True)
+        empty = np.zeros((0, *query.shape[1:]))
+        got = np.concatenate(actual) if actual else empty
+        return exact, same, got, paths
+
+    def _reference(
+        self, query: F64, batch: BatchMetadata, layer: int, *, same_precision: bool = False
+    ) -> F64:
+        if batch.num_seqs == 0:
+            return np.zeros((0, *query.shape[1:]))
+        c = self.config
+        precision = {"precision": self._same} if same_precision else {}
+        return paged_attention(
+            query,
+            batch,
+            self.memory,
+            layer,
+            c.scale,
+            variant=c.variant(layer),
+            group=c.geometry.group_of(layer),
+            **precision,
         )
-        return expected, actual
+
+    def _path(self) -> str | None:
+        path = getattr(self.backend, "attention_path", None)
+        if path is None:
+            return None
+        return str(self._call("attention_path", path))
 
     def _new_kv(self, layer: int, batch: BatchMetadata) -> tuple[F64, F64]:
         keys, values = [], []
         for i, seq_id in enumerate(batch.seq_ids):
-            k, v = self.truth.rows(self.manager.tokens(seq_id), layer)
+            k, v = self._truth.rows(seq_id, self.manager.tokens(seq_id), layer)
             new = slice(batch.seq_lens[i] - batch.query_len(i), batch.seq_lens[i])
             keys.append(k[new])
             values.append(v[new])
@@ -276,6 +535,75 @@ class Lockstep:
             for pos in range(self.manager.num_tokens(seq_id)):
                 owners.setdefault(table[pos // b] * b + pos % b, (seq_id, pos))
         return owners
+
+    def _read(self, layer: int, blocks: list[int], backend_ids: bool = False) -> tuple[F64, F64]:
+        """K and V of spec ``blocks`` (backend ids if ``backend_ids``), as the backend has them.
+
+        The whole of a pool that is not large is read with ``read_cache`` (the
+        contract's method); some blocks, or any of a large pool, with
+        ``read_blocks`` when the backend has it.
+        """
+        g = self.backend_geometry
+        ids = blocks if backend_ids else [b + self.base for b in blocks]
+        whole = not self.base and len(ids) == g.num_blocks and not backend_ids
+        if self._read_blocks is not None and not whole:
+            got = self._call("read_blocks", self._read_blocks, layer, ids)
+            return self._shaped(f"read_blocks({layer}, ...)", got, len(ids), layer)
+        got = self._call("read_cache", self.backend.read_cache, layer)
+        k, v = self._shaped(f"read_cache({layer})", got, g.num_blocks, layer)
+        return (k, v) if whole else (k[ids], v[ids])
+
+    def _shaped(self, what: str, got: object, blocks: int, layer: int) -> tuple[F64, F64]:
+        """A read's K and V as float64, or a failure naming the shape it had."""
+        g = self.backend_geometry
+        shape = (blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        pair = got if isinstance(got, tuple | list) and len(got) == 2 else (got, got)
+        out = []
+        for name, x in zip("KV", pair, strict=True):
+            x = _f64(x)
+            if x.shape != shape:
+                self._fail(
+                    "shape", f"{what} {name} has shape {x.shape}, expected {shape}", layer=layer
+                )
+            out.append(x)
+        return out[0], out[1]
+
+    def _shift_slots(self, slots: Sequence[int]) -> list[int]:
+        shift = self.base * self.config.geometry.block_size
+        return [s + shift if s != PAD_SLOT else s for s in slots]
+
+    def _shift_copies(self, copies: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        return [(s + self.base, d + self.base) for s, d in copies]
+
+    def _view(self, batch: BatchMetadata) -> BatchMetadata:
+        """``batch`` as the backend sees it: block ids shifted into a large pool."""
+        if not self.base:
+            return batch
+        return BatchMetadata(
+            block_size=batch.block_size,
+            seq_ids=batch.seq_ids,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
+            block_tables=self._shift_tables(batch.block_tables),
+            slot_mapping=tuple(self._shift_slots(batch.slot_mapping)),
+            positions=batch.positions,
+            copies=tuple(self._shift_copies(batch.copies)),
+            extra_groups=tuple(
+                GroupLayout(
+                    self._shift_tables(e.block_tables), tuple(self._shift_slots(e.slot_mapping))
+                )
+                for e in batch.extra_groups
+            ),
+        )
+
+    def _shift_tables(self, tables: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(b + self.base if b != PAD_BLOCK else b for b in row) for row in tables)
+
+    def _note_offset(self, slot: int) -> None:
+        """The last KV element of backend ``slot``: the largest offset, for the coverage report."""
+        g = self.config.geometry
+        last = (slot + 1) * g.num_kv_heads * g.head_dim - 1
+        self.coverage.note_step(num_seqs=0, decodes=0, max_offset=last)
 
     def _call(self, what: str, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
         """One backend call, through the guard (:mod:`conformance.guard`)."""
@@ -292,6 +620,71 @@ class Lockstep:
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
         raise ConformanceFailure(Difference(what, self.step_index, detail, layer=layer), self.log)
+
+
+_Call = list[int]
+"""The batch indices of the sequences of one attention call."""
+
+
+def _memory(g: KVGeometry) -> KVMemory:
+    return KVMemory(
+        g.num_layers,
+        g.num_blocks,
+        g.block_size,
+        g.num_kv_heads,
+        g.head_dim,
+        kv_dtype=g.kv_dtype,
+        kv_scales=g.kv_scales,
+    )
+
+
+def _generic(why: str) -> str:
+    """A skip reason without the lengths of the one query, so that skips group by cause.
+
+    >>> _generic("a query of 7 tokens (max_query_len 1)")
+    'a query of N tokens (max_query_len 1)'
+    """
+    return re.sub(r"\b(query|context) of \d+ tokens", r"\1 of N tokens", why)
+
+
+def _written_blocks(batch: BatchMetadata) -> list[int]:
+    """Blocks a step may change (written or copied into), with their neighbours."""
+    b = batch.block_size
+    touched = {s // b for g in range(batch.num_groups) for s in batch.slots(g) if s >= 0}
+    touched |= {dst for _, dst in batch.copies}
+    return sorted({x for t in touched for x in (t - 1, t, t + 1) if x >= 0})
+
+
+def _rows(batch: BatchMetadata, seqs: Sequence[int]) -> NDArray[np.int64]:
+    """The flattened token rows of the sequences ``seqs`` of ``batch``, in that order."""
+    qsl = batch.query_start_loc
+    parts = [np.arange(qsl[i], qsl[i + 1]) for i in seqs]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _sub_batch(batch: BatchMetadata, seqs: Sequence[int]) -> BatchMetadata:
+    """The metadata of just the sequences ``seqs`` (the same object when that is all of them)."""
+    if list(seqs) == list(range(batch.num_seqs)):
+        return batch
+    rows = _rows(batch, seqs).tolist()
+    starts = [0]
+    for i in seqs:
+        starts.append(starts[-1] + batch.query_len(i))
+    return BatchMetadata(
+        block_size=batch.block_size,
+        seq_ids=tuple(batch.seq_ids[i] for i in seqs),
+        query_start_loc=tuple(starts),
+        seq_lens=tuple(batch.seq_lens[i] for i in seqs),
+        block_tables=tuple(batch.block_tables[i] for i in seqs),
+        slot_mapping=tuple(batch.slot_mapping[r] for r in rows),
+        positions=tuple(batch.positions[r] for r in rows),
+        extra_groups=tuple(
+            GroupLayout(
+                tuple(e.block_tables[i] for i in seqs), tuple(e.slot_mapping[r] for r in rows)
+            )
+            for e in batch.extra_groups
+        ),
+    )
 
 
 def _f64(x: object) -> F64:

@@ -2,15 +2,31 @@
 
 Each example draws a workload configuration, then a random program of rules:
 add sequences (prompt lengths 1, B-1, B, B+1, 2B+1, and prompts that share an
-earlier prompt's prefix, so the prefix cache hits; in a long-context workload,
-first a prompt of 300 to 1100 tokens prefilled in chunks of up to 1024, then
-decoded, so that sequences pass the 64-key tiles and the 256/512/1024-key
-switch points of a kernel), run steps (whole or
+earlier prompt's prefix, so the prefix cache hits), run steps (whole or
 chunked prefills, decodes, any subset of the live sequences), fork (so the
 next write into a shared block copies it), free (so blocks are reused), and
 ask for more blocks than are left (so allocation fails and must change
-nothing). The lockstep compares both sides after every step; Hypothesis then
-shrinks a failing program to a minimal one.
+nothing). Some rules reach rare states on purpose: a prefix-cache eviction
+followed by the prompt that would have hit the evicted block, forks of forks
+that then all write, and a free in the middle of a chain of forks.
+
+What an example starts with depends on its pass (:data:`conformance.plan.PASSES`):
+
+* **long**: a prompt of hundreds to thousands of tokens prefilled in large
+  chunks, then decoded, so sequences pass the 64-key tiles and the
+  256/512/1024-key switch points of a kernel;
+* **wide** and **production**: 16 to 32 sequences (64 to 256 on a device)
+  prefilled together, then a step that mixes a decode of every one of them
+  with several new prompts' prefill chunks;
+* **large pool**: a prompt placed in the blocks past 2^31 elements;
+* **short**: one sequence, not yet run.
+
+Steps respect the backend's capabilities: prefill chunks no longer than
+``max_query_len`` (when it is above 1), whole prompts when ``chunked_prefill``
+is false, no sequence grown past ``max_context_len``; the lockstep splits or
+skips, and reports, whatever attention a step still holds that the backend
+cannot run. The lockstep compares both sides after every step and at the end
+of the example; Hypothesis then shrinks a failing program to a minimal one.
 """
 
 from __future__ import annotations
@@ -24,32 +40,38 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from conformance.coverage import Coverage
+from conformance.envelope import Envelope
 from conformance.lockstep import ConformanceFailure, Lockstep
+from conformance.numerics import Margins
 from conformance.plan import Plan
 from conformance.variants import label
-from conformance.workload import LONG_PROMPTS, WorkloadConfig
+from conformance.workload import WorkloadConfig
 from spec.backend import Backend
 
-MAX_SEQS = 4
-"""Live sequences at most: enough for batching, forks and sharing; small enough to shrink."""
 VOCAB = 64
 _SEED = st.integers(0, 2**16)
 _PICK = st.integers(0, 63)
-_LONG_CHUNKS = (256, 128, 512, 1024)
-"""Prefill chunk sizes of a long prompt: large, as a serving engine would schedule them."""
+_SUBSET = st.integers(0, 2**64 - 1)
+"""A subset of the live sequences, as bits (0: all of them)."""
 MAX_LONG_PROMPTS = 2
 """Long prompts per workload at most: each costs seconds on an interpreted kernel."""
+_JOINERS = 3
+"""New prompts that join a wide example's first full step of decodes."""
 
 
 @dataclass
 class RunStats:
-    """What a run exercised: examples, steps, rules applied, checks made."""
+    """What a run exercised: examples, steps, rules applied, checks made, skips, coverage."""
 
     examples: int = 0
     steps: int = 0
     rules: Counter[str] = field(default_factory=Counter)
     checks: Counter[str] = field(default_factory=Counter)
     configs: Counter[str] = field(default_factory=Counter)
+    skips: Counter[str] = field(default_factory=Counter)  # attention the backend cannot run
+    coverage: Coverage = field(default_factory=Coverage)
+    margins: Margins = field(default_factory=Margins)  # how close the outputs came to failing
     longest: int = 0  # the most tokens any sequence held when a step ran
     first_failure_example: int | None = None  # examples run when the first failure appeared
 
@@ -79,17 +101,18 @@ class LongPrompt:
     token: int
 
 
-_LONG_LENGTHS = st.one_of(st.sampled_from((300, 1100, 1025, 513)), st.integers(*LONG_PROMPTS))
-"""Long prompt lengths: often just past 512 or 1024, or at the limit; they shrink to 300."""
-_LONG = st.builds(
-    LongPrompt,
-    _LONG_LENGTHS,
-    st.sampled_from(_LONG_CHUNKS),
-    st.booleans(),
-    st.integers(1, 3),
-    _SEED,
-    _PICK,
-)
+def long_prompts(env: Envelope) -> st.SearchStrategy[LongPrompt]:
+    """Long prompts of the envelope: often just past a switch point or at the limit."""
+    lengths = st.one_of(st.sampled_from(env.long_lengths), st.integers(*env.long_prompts))
+    return st.builds(
+        LongPrompt,
+        lengths,
+        st.sampled_from(env.long_chunks),
+        st.booleans(),
+        st.integers(1, 3),
+        _SEED,
+        _PICK,
+    )
 
 
 class LockstepMachine(RuleBasedStateMachine):
@@ -107,6 +130,7 @@ class LockstepMachine(RuleBasedStateMachine):
         self.pending: dict[int, list[int]] = {}  # live sequence -> prompt tokens still to run
         self.prompts: list[list[int]] = []
         self.computed: list[list[int]] = []  # prompts whose prefill has completed
+        self.parent_of: dict[int, int] = {}  # forks: child -> parent
         self.next_id = 0
         self.long_prompts = 0
         stats.examples += 1
@@ -123,37 +147,72 @@ class LockstepMachine(RuleBasedStateMachine):
     def _count(self, name: str) -> None:
         self.stats.rules[name] += 1
 
+    def _room(self, more: int = 1) -> bool:
+        return len(self.pending) + more <= self.plan.max_live
+
     # -- rules ------------------------------------------------------------------------
 
     @initialize(data=st.data())
     def start(self, data: st.DataObject) -> None:
         config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
-        g = config.geometry
-        long = " long-context" if config.long_context else ""
-        self.stats.configs[
-            f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}{long}"
-            + label(config)  # fp8 KV and attention variants, if any
-        ] += 1
+        self.stats.configs[_shape(config, self.plan.kind)] += 1
         try:
-            self.lockstep = Lockstep(self.backend, config, self.stats.checks)
+            self.lockstep = Lockstep(
+                self.backend,
+                config,
+                self.stats.checks,
+                skips=self.stats.skips,
+                coverage=self.stats.coverage,
+                margins=self.stats.margins,
+            )
         except ConformanceFailure:
             self.stats.note_failure()
             raise
-        if config.long_context:  # every long-context workload starts with a long prompt
-            self.add_long(data.draw(_LONG, label="long prompt"))
+        if self.plan.long_context:  # every long-context workload starts with a long prompt
+            self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
+        elif self.plan.wide:
+            self._start_wide(data)
+        elif self.plan.kind == "large pool":
+            b = self.block_size
+            self._count("add (a prompt in the blocks past 2^31 elements)")
+            prompt = _tokens(data.draw(_SEED, label="seed"), 2 * b + 1)
+            seq_id = self.next_id
+            self._start(prompt)
+            self._run([(seq_id, prompt)])
+        else:  # a first sequence, so that every rule can run from the first step on
+            self.add(data.draw(st.integers(0, 5), label="length"), data.draw(_SEED), False, 0)
 
-    @precondition(lambda self: len(self.pending) < MAX_SEQS)
+    def _start_wide(self, data: st.DataObject) -> None:
+        """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
+        width = data.draw(st.sampled_from(self.plan.widths), label="width")
+        kinds = data.draw(st.lists(st.integers(0, 5), min_size=width, max_size=width))
+        seed = data.draw(_SEED, label="seed")
+        for j, kind in enumerate(kinds):
+            self._start(_tokens(seed + j, self._prompt_length(kind)))
+        for _ in range(4):  # prompts are at most 2B + 1 tokens: three chunks of B
+            if not any(self.pending.values()):
+                break
+            self.step_all(seed % VOCAB)
+        joiners = []
+        for j in range(_JOINERS):
+            joiners.append(self.next_id)
+            self._start(_tokens(seed + width + j, self.block_size + 1))
+        self._count(f"wide step: {width} decodes with {_JOINERS} new prompts' prefill chunks")
+        decodes = [
+            (s, [(seed + 7 * s) % VOCAB]) for s, todo in sorted(self.pending.items()) if not todo
+        ]
+        self._run(decodes + [(s, self.pending[s]) for s in joiners])
+
     @rule(length=st.integers(0, 5), seed=_SEED, then_step=st.booleans(), token=_PICK)
     def add(self, length: int, seed: int, then_step: bool, token: int) -> None:
         """A new sequence; with ``then_step``, a step of every live sequence follows."""
-        b = self.block_size
-        n = (1, max(1, b - 1), b, b + 1, 2 * b + 1, 5)[length]
+        self._make_room(1)
         self._count(f"add (prompt length {('1', 'B-1', 'B', 'B+1', '2B+1', '5')[length]})")
-        self._start(_tokens(seed, n))
+        self._start(_tokens(seed, self._prompt_length(length)))
         if then_step:
             self.step_all(token)
 
-    @precondition(lambda self: bool(self.prompts) and len(self.pending) < MAX_SEQS)
+    @precondition(lambda self: bool(self.prompts))
     @rule(
         which=_PICK,
         blocks=st.integers(1, 3),
@@ -166,41 +225,43 @@ class LockstepMachine(RuleBasedStateMachine):
         self, which: int, blocks: int, tail: int, seed: int, then_step: bool, token: int
     ) -> None:
         """A prompt that repeats an earlier one's first blocks (computed ones preferred)."""
+        self._make_room(1)
         pool = self.computed or self.prompts
         earlier = pool[which % len(pool)]
         prompt = earlier[: blocks * self.block_size] + _tokens(seed, tail)
         self._count("add (sharing an earlier prompt's prefix)")
-        self._start(prompt)
+        self._start(self._fit_prompt(prompt))
         if then_step:
             self.step_all(token)
 
-    @precondition(lambda self: self._long_room() >= LONG_PROMPTS[0])
-    @rule(long=_LONG)
-    def add_long(self, long: LongPrompt) -> None:
-        """A long prompt prefilled in large chunks, then decodes of every finished sequence."""
+    def _add_long(self, long: LongPrompt) -> None:
         n = min(long.length, self._long_room())
+        if n < 1:
+            return
         self.long_prompts += 1
-        self._count(f"add (long prompt, {LONG_PROMPTS[0]}..{LONG_PROMPTS[1]} tokens)")
+        lo, hi = self.plan.envelope.long_prompts
+        self._count(f"add (long prompt, {lo}..{hi} tokens)")
         seq_id = self.next_id
         self._start(_tokens(long.seed, n))
+        chunk = self._chunk_limit(long.chunk)
         while self.pending.get(seq_id):
             todo = self.pending[seq_id]
             done = [s for s, rest in sorted(self.pending.items()) if not rest]
             token = long.token
             decoding = [(s, [(token + 7 * s) % VOCAB]) for s in done] if long.with_decodes else []
-            if not self._run([(seq_id, todo[: long.chunk]), *decoding]):
+            if not self._run([(seq_id, todo[:chunk]), *decoding]):
                 break  # the pool ran out: the sequence stays pending for later steps
         for i in range(long.decodes):
             if any(not rest for rest in self.pending.values()):
                 self.decode((long.token + i) % VOCAB)
 
     @precondition(lambda self: bool(self.pending))
-    @rule(subset=st.integers(0, 2**MAX_SEQS - 1), chunk=st.integers(0, 4), token=_PICK)
+    @rule(subset=_SUBSET, chunk=st.integers(0, 4), token=_PICK)
     def step(self, subset: int, chunk: int, token: int) -> None:
         live = sorted(self.pending)
-        chosen = [s for i, s in enumerate(live) if subset >> i & 1] or live
+        chosen = [s for i, s in enumerate(live) if subset >> (i % 64) & 1] or live
         b = self.block_size
-        limit = (None, 1, max(1, b - 1), b, b + 1)[chunk]
+        limit = self._chunk_limit((None, 1, max(1, b - 1), b, b + 1)[chunk])
         schedule = []
         for seq_id in chosen:
             todo = self.pending[seq_id]
@@ -219,24 +280,22 @@ class LockstepMachine(RuleBasedStateMachine):
     @rule(token=_PICK)
     def step_all(self, token: int) -> None:
         """Every live sequence at once: a chunk of at most B prompt tokens, or a decode."""
-        b = self.block_size
+        limit = self._chunk_limit(self.block_size)
         schedule = [
-            (s, todo[:b] if todo else [(token + 7 * s) % VOCAB])
+            (s, todo[:limit] if todo else [(token + 7 * s) % VOCAB])
             for s, todo in sorted(self.pending.items())
         ]
         self._run(schedule)
 
-    @precondition(
-        lambda self: self.plan.copy_on_write and len(self.pending) < MAX_SEQS and self._forkable()
-    )
+    @precondition(lambda self: self.plan.copy_on_write and bool(self._forkable()))
     @rule(which=_PICK, write=st.booleans(), token=_PICK)
     def fork(self, which: int, write: bool, token: int) -> None:
         """Share a sequence's blocks with a new child; with ``write``, both decode at once."""
         parents = self._forkable()
+        self._make_room(1, keep=parents[which % len(parents)])
+        parents = self._forkable()
         parent = parents[which % len(parents)]
-        child = self._new_id()
-        self.ls.fork(parent, child)
-        self.pending[child] = []
+        child = self._fork(parent)
         self._count("fork")
         if write:
             self._run([(child, [token]), (parent, [(token + 1) % VOCAB])])
@@ -245,15 +304,14 @@ class LockstepMachine(RuleBasedStateMachine):
     @rule(which=_PICK)
     def free(self, which: int) -> None:
         live = sorted(self.pending)
-        seq_id = live[which % len(live)]
-        self.ls.free(seq_id)
-        del self.pending[seq_id]
+        self._free(live[which % len(live)])
         self._count("free")
 
-    @precondition(lambda self: len(self.pending) < MAX_SEQS and self._half_full())
+    @precondition(lambda self: self._half_full())
     @rule(seed=_SEED)
     def allocation_failure(self, seed: int) -> None:
         """A prompt one block larger than what is left: the step must leave it out."""
+        self._make_room(1)
         m = self.ls.manager
         prompt = _tokens(seed, (m.pool.num_available + 1) * self.block_size, offset=VOCAB)
         seq_id = self._new_id()
@@ -262,6 +320,73 @@ class LockstepMachine(RuleBasedStateMachine):
         assert not ran, "internal error: an allocation larger than the pool succeeded"
         self.ls.free(seq_id)
         self._count("allocation failure (prompt larger than the free pool)")
+
+    @precondition(lambda self: bool(self._rare_states()))
+    @rule(kind=st.integers(0, 3), data=st.data())
+    def rare(self, kind: int, data: st.DataObject) -> None:
+        """One of the states random programs seldom reach, chosen among those reachable now.
+
+        A long prompt (long-context examples), a prefix-cache eviction then the
+        prompt that would have hit the evicted block, forks of forks, or a free
+        in the middle of a chain of forks. One rule for all, so that the rules
+        Hypothesis draws are mostly enabled.
+        """
+        states = self._rare_states()
+        name = states[kind % len(states)]
+        if name == "long":
+            self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
+        elif name == "evict":
+            self._evict_then_reprompt(data.draw(_PICK), data.draw(_SEED), data.draw(_PICK))
+        elif name == "fork chain":
+            self._fork_chain(data.draw(_PICK), data.draw(st.integers(2, 3)), data.draw(_PICK))
+        else:
+            self._free_middle_of_chain(data.draw(_PICK), data.draw(_PICK))
+
+    def _rare_states(self) -> list[str]:
+        states = []
+        if self._long_room() >= self.plan.envelope.long_prompts[0]:
+            states.append("long")
+        if self._can_evict():
+            states.append("evict")
+        if self.plan.copy_on_write and self._room(3) and self._forkable():
+            states.append("fork chain")
+        if self._chain_middles():
+            states.append("free middle")
+        return states
+
+    def _fork_chain(self, which: int, depth: int, token: int) -> None:
+        """Forks of forks: a chain of ``depth`` children on one parent's blocks; then all write."""
+        parents = self._forkable()
+        chain = [parents[which % len(parents)]]
+        for _ in range(depth):
+            chain.append(self._fork(chain[-1]))
+        self._count(f"fork of a fork (a chain of {depth})")
+        self._run([(s, [(token + 7 * s) % VOCAB]) for s in chain])
+
+    def _free_middle_of_chain(self, which: int, token: int) -> None:
+        """Free a sequence that is both a fork's child and a fork's parent; the ends then write."""
+        middles = self._chain_middles()
+        middle = middles[which % len(middles)]
+        ends = [self.parent_of[middle]] + [c for c, p in self.parent_of.items() if p == middle]
+        self._free(middle)
+        self._count("free in the middle of a chain of forks")
+        self._run([(s, [(token + 7 * s) % VOCAB]) for s in sorted(set(ends)) if s in self.pending])
+
+    def _evict_then_reprompt(self, which: int, seed: int, token: int) -> None:
+        """Evict every cached block, then send the prompt that would have hit one of them."""
+        m = self.ls.manager
+        cached = [p for p in self.computed if m.cached_prefix(p) > 0]
+        target = cached[which % len(cached)]
+        filler = _tokens(seed, m.pool.num_available * self.block_size, offset=2 * VOCAB)
+        filler_id = self.next_id
+        self._start(filler)
+        self._run([(filler_id, self.pending[filler_id])])
+        if filler_id in self.pending:
+            self._free(filler_id)
+        self._count("prefix-cache eviction, then a prompt that would have hit the evicted block")
+        seq_id = self.next_id
+        self._start(target[: self.block_size] + _tokens(seed + 1, 1 + token % 3))
+        self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])])
 
     @invariant()
     def spec_is_consistent(self) -> None:
@@ -273,13 +398,49 @@ class LockstepMachine(RuleBasedStateMachine):
         if self.lockstep is not None:
             pool = self.lockstep.manager.pool
             self.stats.rules["prefix-cache evictions (spec pool)"] += pool.num_evictions
-        self.on_example()
+            try:
+                self.lockstep.finish()
+            except ConformanceFailure:
+                self.stats.note_failure()
+                raise
+            finally:
+                self.on_example()
+        else:
+            self.on_example()
 
     # -- internals --------------------------------------------------------------------
 
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
+
+    def _make_room(self, more: int, keep: int | None = None) -> None:
+        """Free the oldest live sequences (not ``keep``) until ``more`` new ones fit."""
+        while not self._room(more):
+            oldest = min(s for s in self.pending if s != keep)
+            self._free(oldest)
+            self._count("free (the oldest, to make room for a new sequence)")
+
+    def _prompt_length(self, kind: int) -> int:
+        b = self.block_size
+        return self._fit_length((1, max(1, b - 1), b, b + 1, 2 * b + 1, 5)[kind])
+
+    def _fit_length(self, n: int) -> int:
+        limit = self.plan.capabilities.max_context_len
+        return n if limit is None else max(1, min(n, limit - 1))
+
+    def _fit_prompt(self, prompt: list[int]) -> list[int]:
+        return prompt[: self._fit_length(len(prompt))]
+
+    def _chunk_limit(self, limit: int | None) -> int | None:
+        """A prefill chunk size the backend can attend: capped by ``max_query_len`` (when > 1),
+        and whole prompts when it has no chunked prefill."""
+        caps = self.plan.capabilities
+        if not caps.chunked_prefill:
+            return None
+        if caps.max_query_len is not None and caps.max_query_len > 1:
+            return caps.max_query_len if limit is None else min(limit, caps.max_query_len)
+        return limit
 
     def _start(self, prompt: list[int]) -> None:
         seq_id = self._new_id()
@@ -289,8 +450,22 @@ class LockstepMachine(RuleBasedStateMachine):
         self.pending[seq_id] = prompt[cached:]
         self.prompts.append(prompt)
 
+    def _fork(self, parent: int) -> int:
+        child = self._new_id()
+        self.ls.fork(parent, child)
+        self.pending[child] = []
+        self.parent_of[child] = parent
+        return child
+
+    def _free(self, seq_id: int) -> None:
+        self.ls.free(seq_id)
+        del self.pending[seq_id]
+
     def _run(self, schedule: list[tuple[int, list[int]]]) -> bool:
         """Run one step; True when the first sequence of ``schedule`` ran."""
+        schedule = self._within_context(schedule)
+        if not schedule:
+            return False
         before = {s: self.ls.manager.num_tokens(s) for s, _ in schedule}
         try:
             ran = set(self.ls.step(schedule))
@@ -303,15 +478,27 @@ class LockstepMachine(RuleBasedStateMachine):
         if ran:
             longest = max(self.ls.manager.num_tokens(s) for s in ran)
             self.stats.longest = max(self.stats.longest, longest)
-        return bool(schedule) and schedule[0][0] in ran
+        return schedule[0][0] in ran
+
+    def _within_context(self, schedule: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+        """Leave out sequences that would grow past ``max_context_len``."""
+        limit = self.plan.capabilities.max_context_len
+        if limit is None:
+            return schedule
+        kept = [
+            (s, new) for s, new in schedule if self.ls.manager.num_tokens(s) + len(new) <= limit
+        ]
+        for _ in range(len(schedule) - len(kept)):
+            self._count("left out of a step: it would pass max_context_len")
+        return kept
 
     def _long_room(self) -> int:
         """Tokens a new long prompt may have: 0 unless long-context and a sequence slot is free."""
-        long_ok = self.ls.config.long_context and self.long_prompts < MAX_LONG_PROMPTS
-        if not long_ok or len(self.pending) >= MAX_SEQS:
+        long_ok = self.plan.long_context and self.long_prompts < MAX_LONG_PROMPTS
+        if not long_ok or not self._room():
             return 0
         room = (self.ls.manager.pool.num_available - 1) * self.block_size
-        return min(room, LONG_PROMPTS[1])
+        return self._fit_length(min(room, self.plan.envelope.long_prompts[1]))
 
     def _half_full(self) -> bool:
         pool = self.ls.manager.pool
@@ -320,6 +507,21 @@ class LockstepMachine(RuleBasedStateMachine):
     def _forkable(self) -> list[int]:
         m = self.ls.manager
         return [s for s in sorted(self.pending) if not self.pending[s] and m.num_tokens(s) > 0]
+
+    def _chain_middles(self) -> list[int]:
+        """Live sequences with a live parent and a live child: the middle of a chain of forks."""
+        live = self.pending
+        parents = {p for c, p in self.parent_of.items() if c in live}
+        return sorted(s for s in parents if s in live and self.parent_of.get(s) in live)
+
+    def _can_evict(self) -> bool:
+        """Short examples with prefix caching, a cached block, and a prompt that would hit it."""
+        if self.plan.kind not in ("short", "large pool") or not self._room(2):
+            return False
+        m = self.ls.manager
+        if not self.ls.config.prefix_caching or m.pool.num_cached == 0:
+            return False
+        return any(m.cached_prefix(p) > 0 for p in self.computed)
 
     def _count_step(self, seq_id: int, new: list[int], start: int, ran: bool) -> None:
         if not ran:
@@ -332,6 +534,13 @@ class LockstepMachine(RuleBasedStateMachine):
             self._count(kind if len(new) > 1 else f"{kind} (1 token)")
         else:
             self._count("decode")
+
+
+def _shape(config: WorkloadConfig, kind: str) -> str:
+    g = config.geometry
+    extra = {"short": "", "long": " long-context"}.get(kind, f" {kind}")
+    shape = f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}"
+    return shape + label(config) + extra  # fp8 KV and attention variants, if any
 
 
 def timed_progress(

@@ -1,12 +1,16 @@
 """A small paged backend in numpy, built from replaceable parts, for the self-test.
 
 It stores K and V in the cache dtype (bfloat16 as float32 holding bfloat16
-values; fp8 as float32 holding fp8 values) and computes attention in float32,
-the way a GPU kernel would. Each step of the computation is one short method,
-so that :mod:`conformance.planted` and :mod:`conformance.planted_variants`
-can break exactly one of them and check that the suite notices: the variant
-steps (soft-cap, ALiBi, window, sink softmax) and the fp8 steps (divide by
-the scale, saturate, round; multiply back) included.
+values; fp8 as float32 holding fp8 values), computes attention in float32 the
+way a GPU kernel would, and rounds the output to the activation dtype. Each
+step of the computation is one short method, so that :mod:`conformance.planted`
+and :mod:`conformance.planted_variants` can break exactly one of them and check
+that the suite notices: the variant steps (soft-cap, ALiBi, window, sink
+softmax) and the fp8 steps (divide by the scale, saturate, round; multiply
+back) included. Cache memory is addressed by element offsets (``block * B *
+H_kv * D + ...``), as a kernel addresses it, in int64: a pool past 2^31
+elements is allocated lazily (``np.zeros`` maps pages on first touch) and
+read back by :meth:`NumpyPagedBackend.read_blocks`.
 
 >>> from spec.backend import Backend
 >>> isinstance(NumpyPagedBackend(), Backend)
@@ -66,9 +70,11 @@ class NumpyPagedBackend:
         n = len(slot_mapping)
         slots = self._write_slots(np.asarray(slot_mapping, dtype=np.int64).reshape(n))
         keep = self._written(slots)
+        row = g.num_kv_heads * g.head_dim
+        index = self._slot_offsets(slots[keep])[:, None] + np.arange(row)
         for which, (cache, rows) in enumerate(((self._k[layer], key), (self._v[layer], value))):
-            flat = cache.reshape(g.num_blocks * g.block_size, g.num_kv_heads, g.head_dim)
-            flat[slots[keep]] = self._store(np.asarray(rows)[:n][keep], layer, which)
+            values = self._store(np.asarray(rows)[:n][keep], layer, which)
+            cache.reshape(-1)[index] = values.reshape(-1, row)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         for layer in range(self._geo().num_layers):
@@ -90,17 +96,23 @@ class NumpyPagedBackend:
         out = np.zeros((batch.num_tokens, q.shape[1], g.head_dim), dtype=np.float32)
         for i in range(batch.num_seqs):
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            k, v = self._gather(layer, batch.block_tables[i], batch.seq_lens[i])
+            k, v = self._gather(layer, self._table(batch, i), batch.seq_lens[i])
             positions = self._query_positions(batch.seq_lens[i], end - start)
             visible = self._visible(positions, k.shape[0], batch.seq_lens[i])
             if variant.window is not None:
                 visible &= self._in_window(positions, k.shape[0], variant.window)
             out[start:end] = self._attend(q[start:end], k, v, visible, scale, positions, variant)
-        return out
+        return self._round_output(out)
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
         self._geo()
         return self._k[layer].astype(np.float32), self._v[layer].astype(np.float32)
+
+    def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+        """K and V of just ``blocks``: ``[len(blocks), B, H_kv, D]`` each (no whole-pool copy)."""
+        self._geo()
+        ids = np.asarray(blocks, dtype=np.int64)
+        return self._k[layer][ids].astype(np.float32), self._v[layer][ids].astype(np.float32)
 
     # -- the replaceable parts ----------------------------------------------------
 
@@ -159,13 +171,39 @@ class NumpyPagedBackend:
     def _num_keys(self, seq_len: int) -> int:
         return seq_len
 
-    def _gather(self, layer: int, table: Sequence[int], seq_len: int) -> tuple[F32, F32]:
+    def _table(self, batch: BatchMetadata, i: int) -> Sequence[int]:
+        """Sequence ``i``'s block table row."""
+        return batch.block_tables[i]
+
+    def _split_position(self, positions: Ints) -> tuple[Ints, Ints]:
+        """Position ``p`` is entry ``p // B`` of the table, offset ``p % B`` in that block."""
+        return np.divmod(positions, self._geo().block_size)
+
+    def _block_offsets(self, blocks: Ints) -> Ints:
+        """Element offset of each block's start in a layer's cache: ``block * B * H_kv * D``."""
         g = self._geo()
-        blocks = self._blocks(table, seq_len)
-        n = self._num_keys(seq_len)
-        rows = (len(blocks) * g.block_size, g.num_kv_heads, g.head_dim)
-        k = self._k[layer][blocks].reshape(rows)[:n].astype(np.float32)
-        v = self._v[layer][blocks].reshape(rows)[:n].astype(np.float32)
+        out: Ints = blocks.astype(np.int64) * (g.block_size * g.num_kv_heads * g.head_dim)
+        return out
+
+    def _slot_offsets(self, slots: Ints) -> Ints:
+        """Element offset of each slot's row: its block's offset plus ``offset * H_kv * D``."""
+        g = self._geo()
+        blocks, offsets = np.divmod(slots.astype(np.int64), g.block_size)
+        out: Ints = self._block_offsets(blocks) + offsets * (g.num_kv_heads * g.head_dim)
+        return out
+
+    def _gather(self, layer: int, table: Sequence[int], seq_len: int) -> tuple[F32, F32]:
+        """Keys and values of positions ``0 .. n - 1``, each found through the block table."""
+        g = self._geo()
+        blocks = np.asarray(self._blocks(table, seq_len) or [0], dtype=np.int64)
+        n = min(self._num_keys(seq_len), len(self._blocks(table, seq_len)) * g.block_size)
+        entry, offset = self._split_position(np.arange(n, dtype=np.int64))
+        row = g.num_kv_heads * g.head_dim
+        start = self._block_offsets(blocks[entry]) + offset * row
+        index = start[:, None] + np.arange(row)
+        shape = (n, g.num_kv_heads, g.head_dim)
+        k = self._k[layer].reshape(-1)[index].reshape(shape).astype(np.float32)
+        v = self._v[layer].reshape(-1)[index].reshape(shape).astype(np.float32)
         if self._geo().kv_dtype is not None:
             k = self._dequantize(k, self._kv_scale(layer, 0))
             v = self._dequantize(v, self._kv_scale(layer, 1))
@@ -193,7 +231,7 @@ class NumpyPagedBackend:
 
     def _scores(self, q: F32, k: F32, scale: float, softcap: float | None) -> F32:
         """Scaled scores ``[n, t]`` of one head, soft-capped when the layer caps them."""
-        scores: F32 = (q @ k.T) * np.float32(self._scale(scale, self._geo().head_dim))
+        scores: F32 = self._dot(q, k) * np.float32(self._scale(scale, self._geo().head_dim))
         return scores if softcap is None else self._softcap(scores, softcap)
 
     def _softcap(self, scores: F32, cap: float) -> F32:
@@ -224,6 +262,16 @@ class NumpyPagedBackend:
         """Softmax of the masked scores ``[n, t]``, applied to the values ``[t, D]``."""
         out: F32 = self._softmax(scores) @ v
         return out
+
+    def _dot(self, q: F32, k: F32) -> F32:
+        """Query-key products ``[n, t]`` of one head: ``q [n, D] @ k [t, D].T`` in float32."""
+        out: F32 = q @ k.T
+        return out
+
+    def _round_output(self, out: F32) -> F32:
+        """The output in the activation dtype (round to nearest, ties to even)."""
+        rounded: F32 = round_to(out, self._geo().dtype).astype(np.float32)
+        return rounded
 
     # -- internals ----------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from conformance.dtypes import round_to
 from conformance.numpy_backend import F32, Ints, NumpyPagedBackend
 from conformance.planted_variants import (
     AlibiSignFlipped,
@@ -25,6 +26,7 @@ from conformance.planted_variants import (
     SoftcapUnscaled,
     WindowOffByOne,
 )
+from spec.batch import BatchMetadata
 from spec.block_manager import cdiv
 
 
@@ -153,6 +155,104 @@ class OnlineSoftmaxNoRescale(NumpyPagedBackend):
         return out
 
 
+class WrongAtHeadDim128(NumpyPagedBackend):
+    """A kernel specialised for head dim 128 walks it in 64-wide tiles and drops the second tile.
+
+    Exact at every other head dim: only a workload at 128 shows it.
+    """
+
+    def _dot(self, q: F32, k: F32) -> F32:
+        if q.shape[-1] == 128:
+            out: F32 = q[:, :64] @ k[:, :64].T
+            return out
+        return super()._dot(q, k)
+
+
+class WrongPastFourSequences(NumpyPagedBackend):
+    """Block tables are read per tile of 4 sequences: sequence ``i`` uses row ``i % 4``.
+
+    Exact while a batch holds at most 4 sequences.
+    """
+
+    def _table(self, batch: BatchMetadata, i: int) -> Sequence[int]:
+        return batch.block_tables[i % 4]
+
+
+class PowerOfTwoBlockMath(NumpyPagedBackend):
+    """Position -> (table entry, offset) by shift and mask: right only for power-of-two blocks."""
+
+    def _split_position(self, positions: Ints) -> tuple[Ints, Ints]:
+        b = self._geo().block_size
+        shift = b.bit_length() - 1
+        return positions >> shift, positions & (b - 1)
+
+
+class WrongAtGqaRatio3(NumpyPagedBackend):
+    """The ratio-3 kernel instance pads each group of 3 query heads to 4 and maps ``h // 4``.
+
+    Exact at every other ratio, and at ratio 3 with one KV head (heads 0..2 all map to 0).
+    """
+
+    def _kv_head(self, head: int, num_heads: int, num_kv_heads: int) -> int:
+        if num_heads == 3 * num_kv_heads:
+            return min(head // 4, num_kv_heads - 1)
+        return super()._kv_head(head, num_heads, num_kv_heads)
+
+
+class Int32Offsets(NumpyPagedBackend):
+    """Element offsets ``block * B * H_kv * D`` computed in int32: they wrap past 2^31.
+
+    Exact on every pool smaller than 2^31 elements per layer.
+    """
+
+    def _block_offsets(self, blocks: Ints) -> Ints:
+        g = self._geo()
+        per_block = np.int32(g.block_size * g.num_kv_heads * g.head_dim)
+        with np.errstate(over="ignore"):
+            wrapped = blocks.astype(np.int32) * per_block
+        return wrapped.astype(np.int64)
+
+
+class RoundsTowardZero(NumpyPagedBackend):
+    """The output is converted to fp16 or bf16 by truncation (toward zero), not to nearest.
+
+    Every output is within one ulp: inside any tolerance an honest kernel
+    needs. Only the bias, half an ulp toward zero on average, shows it.
+    """
+
+    def _round_output(self, out: F32) -> F32:
+        dtype = self._geo().dtype
+        if dtype == "float16":
+            near = out.astype(np.float16)
+            up = np.abs(near.astype(np.float32)) > np.abs(out)
+            toward = np.where(up, np.nextafter(near, np.float16(0)), near)
+            result: F32 = toward.astype(np.float32)
+            return result
+        if dtype == "bfloat16":
+            bits = out.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
+            truncated: F32 = bits.view(np.float32)
+            return truncated
+        return out
+
+
+class Fp16Accumulation(NumpyPagedBackend):
+    """``P @ V`` accumulated in the activation dtype (fp16 or bf16), one key at a time.
+
+    Each partial sum is rounded to 11 (or 8) significant bits: the error grows
+    with the number of keys, and is a few ulps already at tens of keys.
+    """
+
+    def _weighted_sum(self, scores: F32, v: F32) -> F32:
+        dtype = self._geo().dtype
+        if dtype == "float32":
+            return super()._weighted_sum(scores, v)
+        p = self._softmax(scores)
+        acc = np.zeros((p.shape[0], v.shape[1]), dtype=np.float32)
+        for t in range(p.shape[1]):
+            acc = round_to(acc + p[:, t : t + 1] * v[t], dtype).astype(np.float32)
+        return acc
+
+
 PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "slot mapping off by one at a block boundary": SlotOffByOne,
     "ignores the block table (assumes contiguous blocks)": IgnoresBlockTable,
@@ -167,6 +267,13 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "softmax without max subtraction (overflows in fp16)": SoftmaxWithoutMax,
     "wrong scale": IgnoresScale,
     "online softmax over 64-key tiles without rescaling the accumulator": OnlineSoftmaxNoRescale,
+    "wrong only at head dim 128 (second 64-wide tile dropped)": WrongAtHeadDim128,
+    "wrong only past 4 sequences in a batch (table row i % 4)": WrongPastFourSequences,
+    "position to block by shift and mask (wrong for non-power-of-two blocks)": PowerOfTwoBlockMath,
+    "wrong only at GQA ratio 3 (heads padded to 4)": WrongAtGqaRatio3,
+    "element offsets computed in int32 (wrap past 2^31)": Int32Offsets,
+    "output rounded toward zero": RoundsTowardZero,
+    "P @ V accumulated in fp16": Fp16Accumulation,
     "sliding window edge off by one (w + 1 keys)": WindowOffByOne,
     "soft-cap applied to the unscaled scores": SoftcapUnscaled,
     "soft-cap applied after exp": SoftcapAfterExp,

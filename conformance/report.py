@@ -70,8 +70,9 @@ def text_report(result: RunResult) -> str:
         "  invariants checked:",
         *(f"    {count:7d}  {name}" for name, count in sorted(s.checks.items())),
         f"  shapes run: {len(s.configs)} distinct (dtype, block size, heads, head dim)",
+        *_coverage_lines(result),
     ]
-    lines += ["  skipped:", *(f"    {why}" for why in result.skipped)] if result.skipped else []
+    lines += ["  skipped:", *(f"    {why}" for why in _skips(result))] if _skips(result) else []
     if result.difference is not None:
         lines += ["", "FIRST DIFFERENCE", result.difference.describe()]
         lines += _nondeterminism_lines(result)
@@ -81,6 +82,23 @@ def text_report(result: RunResult) -> str:
             lines += ["", _workload_header(result), replay_script(result)]
         lines.append(f"reproduce the run: {reproduce_command(result)}")
     return "\n".join(lines)
+
+
+def _coverage_lines(result: RunResult) -> list[str]:
+    """Where the examples came from (envelope, passes, declared sets) and what they reached."""
+    passes = ", ".join(f"{name} {count}" for name, count in result.passes)
+    lines = [f"  envelope: {result.envelope}; passes (examples asked): {passes}"]
+    lines += [f"  drawn: {note}" for note in result.notes]
+    lines += ["  coverage:", *(f"    {line}" for line in result.stats.coverage.describe())]
+    margins = result.stats.margins.describe()
+    lines += ["  numerics (the most of each allowance used):", *(f"    {m}" for m in margins)]
+    return lines
+
+
+def _skips(result: RunResult) -> list[str]:
+    """Every skip: the plan's, then attention the backend could not run, with how often."""
+    during = [f"{why} ({n} times)" for why, n in sorted(result.stats.skips.items())]
+    return [*result.skipped, *during]
 
 
 def summary_lines(result: RunResult) -> list[str]:
@@ -202,7 +220,16 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "rules": dict(sorted(s.rules.items())),
         "invariants": dict(sorted(s.checks.items())),
         "shapes": dict(sorted(s.configs.items())),
-        "skipped": list(result.skipped),
+        "envelope": result.envelope,
+        "passes": [{"pass": name, "examples": count} for name, count in result.passes],
+        "drawn": list(result.notes),
+        "coverage": s.coverage.to_json(),
+        "numerics_margins": {
+            "step_excess": dict(sorted(s.margins.step.items())),
+            "example_mean_share": dict(sorted(s.margins.mean.items())),
+            "example_lean_ulps": dict(sorted(s.margins.lean.items())),
+        },
+        "skipped": _skips(result),
         "capabilities": {
             "name": result.capabilities.name,
             "device": result.capabilities.device,
@@ -238,10 +265,10 @@ def write_junit(result: RunResult, path: Path) -> None:
     suite = ET.Element(
         "testsuite",
         name="conformance",
-        tests=str(1 + len(result.skipped)),
+        tests=str(1 + len(_skips(result))),
         failures=str(int(result.difference is not None)),
         errors=str(int(result.interrupted)),
-        skipped=str(len(result.skipped)),
+        skipped=str(len(_skips(result))),
         time=f"{result.wall_time_s:.3f}",
     )
     props = ET.SubElement(suite, "properties")
@@ -264,7 +291,7 @@ def write_junit(result: RunResult, path: Path) -> None:
         failure.text = text_report(result)
     elif result.interrupted:
         ET.SubElement(case, "error", message=verdict(result)).text = text_report(result)
-    for why in result.skipped:
+    for why in _skips(result):
         skipped = ET.SubElement(
             ET.SubElement(suite, "testcase", classname=classname, name=why), "skipped"
         )

@@ -48,11 +48,13 @@ _NO_SHRINK = [p for p in _PHASES if p is not Phase.shrink]
 
 @dataclass(frozen=True)
 class Profile:
-    """How hard to look: examples (random workloads), steps (rules) per example, long examples.
+    """How hard to look: examples (random workloads), steps (rules) per example, and passes.
 
-    The long-context examples run as a second pass, after the others pass: each
-    costs seconds on an interpreted kernel, so their number is fixed, not left
-    to chance.
+    After the short examples, each further pass (:data:`conformance.plan.PASSES`)
+    runs a fixed number of examples, because each costs seconds on an
+    interpreted kernel and a chance draw would either miss or repeat them:
+    long contexts, wide batches, a large pool, each production shape, and each
+    declared attention variant and fp8 KV dtype.
     """
 
     name: str
@@ -60,6 +62,10 @@ class Profile:
     steps: int
     long_examples: int
     description: str
+    wide_examples: int = 2
+    large_pool_examples: int = 1
+    production_examples: int = 1  # per production shape
+    feature_examples: int = 1  # per declared attention variant and fp8 KV dtype
 
     def examples(self, override: int | None) -> tuple[int, int]:
         """Short and long examples; an override scales the long ones (at least one).
@@ -67,19 +73,41 @@ class Profile:
         >>> PROFILES["quick"].examples(None), PROFILES["quick"].examples(12)
         ((60, 5), (12, 1))
         """
+        return self.pass_examples("short", override), self.pass_examples("long", override)
+
+    def pass_examples(self, kind: str, override: int | None = None) -> int:
+        """Examples of one pass; an override scales the fixed passes (at least one each).
+
+        >>> from conformance.plan import PASSES
+        >>> [PROFILES["quick"].pass_examples(k) for k in PASSES]
+        [60, 2, 5, 1, 1, 1]
+        """
+        fixed = {
+            "wide": self.wide_examples,
+            "long": self.long_examples,
+            "large pool": self.large_pool_examples,
+            "production": self.production_examples,
+            "feature": self.feature_examples,
+        }
+        if kind == "short":
+            return self.max_examples if override is None else override
         if override is None:
-            return self.max_examples, self.long_examples
-        return override, max(1, override * self.long_examples // self.max_examples)
+            return fixed[kind]
+        return max(1, override * fixed[kind] // self.max_examples)
+
+    def pass_steps(self, kind: str) -> int:
+        """Rules per example of a pass: fewer where each step runs many sequences or blocks."""
+        return max(3, self.steps // 4) if kind in ("wide", "production") else self.steps
 
 
 PROFILES = {
     p.name: p
     for p in (
         Profile(
-            "quick", 60, 20, 5, "the default: about a minute on 2 CPU cores, Triton interpreted"
+            "quick", 60, 20, 5, "the default: about two minutes on 2 CPU cores, Triton interpreted"
         ),
-        Profile("standard", 300, 40, 25, "before a release or after a kernel change"),
-        Profile("thorough", 2000, 60, 150, "nightly, or when hunting a rare bug"),
+        Profile("standard", 300, 40, 25, "before a release or after a kernel change", 8, 4, 3, 3),
+        Profile("thorough", 2000, 60, 150, "nightly, or when hunting a rare bug", 40, 15, 10, 10),
     )
 }
 
@@ -102,6 +130,9 @@ class RunResult:
     capabilities: Capabilities
     skipped: tuple[str, ...]
     stats: RunStats
+    notes: tuple[str, ...] = ()  # what was drawn, and from where (declared sets, the envelope)
+    envelope: str = "cpu"
+    passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, examples asked)
     wall_time_s: float = 0.0
     difference: Difference | None = None
     workload: list[str] = field(default_factory=list)
@@ -140,13 +171,15 @@ def run_suite(
     shrink: bool = True,
     control: RunControl | None = None,
     sink: Sink | None = None,
+    passes: Iterable[str] | None = None,
 ) -> RunResult:
     """Run the lockstep machine against ``backend`` (named ``backend_ref`` in reports).
 
     Raises :class:`~conformance.plan.SetupError` if the backend can run nothing.
     ``shrink=False`` reports the first failing workload as found, unminimized
     (faster; the same as ``control.shrink``). ``sink`` makes this an isolated
-    run's child: every event goes to it (see :mod:`conformance.isolation`).
+    run's child: every event goes to it (see :mod:`conformance.isolation`). ``passes``
+    limits the run to those kinds of example (:data:`conformance.plan.PASSES`).
     """
     control = control or RunControl()
     if not shrink:
@@ -168,6 +201,8 @@ def run_suite(
         control=control,
         requested=(short, long if control.long_examples is None else control.long_examples),
         isolated=sink is not None,
+        notes=plan.notes,
+        envelope=plan.envelope.device,
     )
     clock = _Clock(control, stats)
     start = time.monotonic()
@@ -178,18 +213,25 @@ def run_suite(
     ):
         watch.send({"t": "start", "result": result})
         tick = _ticker(stats, progress, clock, watch)
-        passes = (
-            (plan, result.requested[0], ""),
-            (replace(plan, long_context=True), result.requested[1], "-long"),
-        )
-        for plan_now, count, suffix in passes:
+        kinds = None if passes is None else set(passes)
+        for plan_now in plan.passes():
+            if kinds is not None and plan_now.kind not in kinds:
+                continue
+            why = _pass_unavailable(backend, plan_now)
+            if why:
+                result.skipped += (why,)
+                continue
+            count = _pass_count(result, chosen, plan_now.kind, max_examples)
             if count == 0:
                 continue
             if clock.spent():
                 result.stopped = "time budget"
                 break
+            name = _pass_name(plan_now)
+            result.passes.append((name, count))
+            suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
             db = _database(database, backend_ref + suffix)
-            config = _settings(count, chosen.steps, db, control.shrink)
+            config = _settings(count, chosen.pass_steps(plan_now.kind), db, control.shrink)
             _run_pass(result, backend, plan_now, config, tick, clock, watch)
             if result.difference is not None or result.stopped:
                 break
@@ -199,6 +241,33 @@ def run_suite(
         result.slowest_call = watch.slowest
     result.wall_time_s = time.monotonic() - start
     return result
+
+
+def _pass_count(result: RunResult, profile: Profile, kind: str, override: int | None) -> int:
+    """Examples of one pass: the run's short and long counts (run control), or the profile's."""
+    if kind == "short":
+        return result.requested[0]
+    if kind == "long":
+        return result.requested[1]
+    return profile.pass_examples(kind, override)
+
+
+def _pass_name(plan: Plan) -> str:
+    """``short``, ``long``, ..., ``production (head dim 128, 8/2 heads, block size 16)``, or
+    ``feature (sinks)``."""
+    if plan.shape is not None:
+        return f"{plan.kind} ({plan.shape.describe()})"
+    return plan.kind if plan.feature is None else f"{plan.kind} ({plan.feature})"
+
+
+def _pass_unavailable(backend: Backend, plan: Plan) -> str | None:
+    """Why a pass cannot run on this backend (``None`` when it can)."""
+    if plan.kind == "large pool" and not callable(getattr(backend, "read_blocks", None)):
+        return (
+            "large pool pass (KV offsets past 2^31 elements): the backend has no "
+            "read_blocks(layer, blocks), and copying a pool of 2^31 elements is not an option"
+        )
+    return None
 
 
 class _BudgetSpent(KeyboardInterrupt):

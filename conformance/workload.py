@@ -35,14 +35,11 @@ from conformance.dtypes import F64, round_to
 from spec.attention import PLAIN, AttentionVariant
 from spec.backend import KVGeometry
 
-BLOCK_SIZES = (4, 1, 3, 16)
-"""Block sizes the suite draws (the first is where shrinking goes)."""
-HEAD_DIMS = (8, 16, 32)
-KV_HEADS = (2, 1)
-GQA_GROUPS = (2, 1, 4)
-LAYERS = (1, 2)
 POOL_BLOCKS = {1: 40, 3: 16, 4: 14, 16: 6}
-"""Pool size per block size: small, so that allocations fail and blocks are reused."""
+"""Pool size per block size: small, so that allocations fail and blocks are reused.
+
+Other block sizes get about 96 tokens, and at least 5 blocks (room for a
+prompt of ``2B + 1`` tokens and some growth)."""
 LONG_CONTEXT_SLOTS = 2048
 """Pool size, in tokens, of a long-context workload: room for one longest prompt and more."""
 LONG_PROMPTS = (300, 1100)
@@ -52,7 +49,10 @@ LARGE_LOGIT_GAIN = 16.0
 PAD_VALUE = 1000.0
 """Magnitude of padding rows (rows whose slot is -1): visible if anyone stores them."""
 
-_Q, _BACKGROUND, _PAD = 1, 2, 3  # stream tags, so that no two uses share a random stream
+INT32_ELEMENTS = 2**31
+"""Element offsets at or past this overflow a signed 32-bit integer."""
+
+_Q, _BACKGROUND, _PAD, _GUARD = 1, 2, 3, 4  # stream tags: no two uses share a random stream
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ class WorkloadConfig:
     prefix_caching: bool = False
     long_context: bool = False  # a large pool, and long prompts prefilled in large chunks
     variants: tuple[AttentionVariant, ...] = ()  # per layer; () means plain attention everywhere
+    block_base: int = 0  # the backend sees spec block b as block_base + b (a large pool)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.geometry.num_kv_heads:
@@ -79,6 +80,8 @@ class WorkloadConfig:
             )
         for v in self.variants:
             v.check_heads(self.num_heads)
+        if self.block_base < 0:
+            raise ValueError(f"block_base must be >= 0, got {self.block_base}")
 
     def variant(self, layer: int) -> AttentionVariant:
         """The attention variant of ``layer`` (plain unless the workload draws one)."""
@@ -103,17 +106,46 @@ def geometry_for(
     >>> geometry_for(16, 1, 1, 8, "float16", 1, long_context=True)[0].num_blocks
     128
     """
-    if long_context:
-        blocks = -(-LONG_CONTEXT_SLOTS // block_size)
-    else:
-        blocks = POOL_BLOCKS.get(block_size, max(4, 64 // block_size))
+    blocks = -(-LONG_CONTEXT_SLOTS // block_size) if long_context else pool_blocks(block_size)
     geometry = KVGeometry(layers, blocks, block_size, num_kv_heads, head_dim, dtype)
     return geometry, num_kv_heads * group
+
+
+def pool_blocks(block_size: int, tokens: int = 96) -> int:
+    """Blocks of a short workload's pool: :data:`POOL_BLOCKS`, else about ``tokens`` (5 at least).
+
+    >>> [pool_blocks(b) for b in (4, 8, 48, 64)]
+    [14, 12, 5, 5]
+    """
+    return POOL_BLOCKS.get(block_size, max(5, -(-tokens // block_size)))
+
+
+def large_pool_base(geometry: KVGeometry) -> int:
+    """The first backend block of a large pool: spec block 1 starts past 2^31 elements.
+
+    Spec block 0 is the last block that starts below 2^31 (or at it), so the
+    first sequence's first block sits at the boundary and everything after it
+    beyond; a guard block below it and one above the spec's pool are never
+    written by the workload.
+
+    >>> g = KVGeometry(1, 14, 16, 1, 8)                  # 128 elements per block
+    >>> base = large_pool_base(g)
+    >>> (base * 128 < 2**31 <= (base + 1) * 128, base)
+    (True, 16777215)
+    """
+    per_block = geometry.block_size * geometry.num_kv_heads * geometry.head_dim
+    return -(-INT32_ELEMENTS // per_block) - 1
 
 
 def scale_for(head_dim: int, large_logits: bool) -> float:
     """The softmax scale: the usual ``1 / sqrt(D)``, or one that makes logits large."""
     return (LARGE_LOGIT_GAIN if large_logits else 1.0) / math.sqrt(head_dim)
+
+
+def large_logits(config: WorkloadConfig) -> bool:
+    """Whether ``config`` uses the large-logit scale (rather than about ``1 / sqrt(D)``)."""
+    gain = config.scale * math.sqrt(config.geometry.head_dim)
+    return abs(gain) > 0.5 * (1.0 + LARGE_LOGIT_GAIN)
 
 
 def _seeded(*words: int) -> np.random.Generator:
@@ -127,12 +159,12 @@ class TokenKV:
         self._config = config
         self._memo: dict[tuple[bytes, int], tuple[F64, F64]] = {}
 
-    def rows(self, tokens: Sequence[int], layer: int) -> tuple[F64, F64]:
-        """K and V ``[len(tokens), H_kv, D]`` of a sequence whose token ids are ``tokens``."""
+    def rows(self, tokens: Sequence[int], layer: int, start: int = 0) -> tuple[F64, F64]:
+        """K and V ``[len(tokens) - start, H_kv, D]`` of positions ``start ..`` of ``tokens``."""
         g = self._config.geometry
-        shape = (len(tokens), g.num_kv_heads, g.head_dim)
+        shape = (len(tokens) - start, g.num_kv_heads, g.head_dim)
         k, v = np.empty(shape), np.empty(shape)
-        for p, digest in enumerate(prefix_digests(tokens)):
+        for p, digest in enumerate(prefix_digests(tokens)[start:]):
             k[p], v[p] = self._row(digest, layer)
         return k, v
 
@@ -147,6 +179,48 @@ class TokenKV:
             both = round_to(raw, g.dtype)
             self._memo[key] = (both[0], both[1])
         return self._memo[key]
+
+
+class SequenceTruth:
+    """Each live sequence's true K and V per layer, kept and extended as the sequence grows.
+
+    Digests are computed once per token, not once per token per step, and a
+    fork starts from its parent's rows. A sequence whose tokens are not an
+    extension of what is kept is recomputed, so a stale entry can never be used.
+
+    >>> config = WorkloadConfig(KVGeometry(1, 4, 2, 1, 8), num_heads=1, scale=0.5, seed=7)
+    >>> truth = SequenceTruth(TokenKV(config))
+    >>> k, _ = truth.rows(0, (5, 9, 3), layer=0)
+    >>> bool((k == TokenKV(config).rows([5, 9, 3], 0)[0]).all())
+    True
+    """
+
+    def __init__(self, token_kv: TokenKV) -> None:
+        self._token_kv = token_kv
+        self._kept: dict[tuple[int, int], tuple[tuple[int, ...], F64, F64]] = {}
+
+    def rows(self, seq_id: int, tokens: Sequence[int], layer: int) -> tuple[F64, F64]:
+        """K and V ``[len(tokens), H_kv, D]`` of sequence ``seq_id``, of token ids ``tokens``."""
+        tokens = tuple(tokens)
+        kept = self._kept.get((seq_id, layer))
+        if kept is None or tokens[: len(kept[0])] != kept[0]:
+            k, v = self._token_kv.rows(tokens, layer)
+        elif len(kept[0]) == len(tokens):
+            return kept[1], kept[2]
+        else:
+            k_new, v_new = self._token_kv.rows(tokens, layer, start=len(kept[0]))
+            k, v = np.concatenate([kept[1], k_new]), np.concatenate([kept[2], v_new])
+        self._kept[(seq_id, layer)] = (tokens, k, v)
+        return k, v
+
+    def fork(self, parent: int, child: int) -> None:
+        for (seq, layer), entry in list(self._kept.items()):
+            if seq == parent:
+                self._kept[(child, layer)] = entry
+
+    def drop(self, seq_id: int) -> None:
+        for key in [key for key in self._kept if key[0] == seq_id]:
+            del self._kept[key]
 
 
 def prefix_digests(tokens: Sequence[int]) -> list[bytes]:
@@ -171,6 +245,16 @@ def background(config: WorkloadConfig, layer: int) -> tuple[F64, F64]:
     g = config.geometry
     raw = _seeded(config.seed, _BACKGROUND, layer).standard_normal(
         (2, g.num_blocks * g.block_size, g.num_kv_heads, g.head_dim)
+    )
+    both = round_to(raw, g.dtype)
+    return both[0], both[1]
+
+
+def guard_background(config: WorkloadConfig, layer: int, num_slots: int) -> tuple[F64, F64]:
+    """K and V of the guard blocks around a large pool's workload: never written after priming."""
+    g = config.geometry
+    raw = _seeded(config.seed, _GUARD, layer).standard_normal(
+        (2, num_slots, g.num_kv_heads, g.head_dim)
     )
     both = round_to(raw, g.dtype)
     return both[0], both[1]

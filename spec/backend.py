@@ -403,15 +403,15 @@ class ReferenceBackend:
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
         mem = self._mem()
         layer = check_int("layer", layer, low=0, high=mem.num_layers - 1)
+        if mem.lazy:  # a pool past 2^31 elements: copying all of it is not an option
+            raise InvalidRequestError(
+                f"this cache holds {self._geo().num_elements} elements per layer: "
+                "read it with read_blocks(layer, blocks)"
+            )
         return mem.k[layer].copy(), mem.v[layer].copy()
 
     def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
-        mem = self._mem()
-        layer = check_int("layer", layer, low=0, high=mem.num_layers - 1)
-        ids = [
-            check_int(f"blocks[{i}]", b, low=0, high=mem.shape[0] - 1) for i, b in enumerate(blocks)
-        ]
-        return mem.k[layer][ids], mem.v[layer][ids]
+        return self._mem().read_blocks(layer, blocks)
 
     def _mem(self) -> KVMemory:
         if self._memory is None:

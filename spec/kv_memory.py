@@ -22,6 +22,21 @@ an fp8 cache stores, ``fp8(x / scale)``, and gathers ``stored * scale``:
 (2.5, 5.0)
 >>> [float(x[0, 0, 0]) for x in q.gather(0, [0], 1)]
 [1.25, 1.25]
+
+A pool of more than :data:`LAZY_ELEMENTS` elements per layer (a pool past
+2^31 elements, say) is *lazy*: it holds only the blocks written so far, so it
+costs memory for what a workload touches, not for its size; every other block
+still reads as NaN. ``k`` and ``v`` are then not dense arrays: read it with
+:meth:`KVMemory.read_blocks`.
+
+>>> big = KVMemory(1, 2**26, 16, 2, 64)                   # 2^37 elements per layer
+>>> big.lazy
+True
+>>> row = np.ones((1, 2, 64))
+>>> big.write(0, row, -row, slot_mapping=[2**30 - 16])    # the last block, offset 0
+>>> keys, _ = big.read_blocks(0, [0, 2**26 - 1])
+>>> bool(np.isnan(keys[0]).all()), float(keys[1, 0, 0, 0]), bool(np.isnan(keys[1, 1]).all())
+(True, 1.0, True)
 """
 
 from __future__ import annotations
@@ -39,6 +54,48 @@ from spec.validate import check_choice, check_int, check_ints, check_positive
 
 F64 = NDArray[np.float64]
 
+LAZY_ELEMENTS = 2**26
+"""Pools of more elements than this per layer (K or V) hold only the blocks written."""
+
+
+class _LazyBlocks:
+    """One layer's K or V, block by block as first written; a block never written reads as NaN."""
+
+    def __init__(self, block_shape: tuple[int, int, int]) -> None:
+        self._shape = block_shape
+        self._blocks: dict[int, F64] = {}
+
+    def block(self, block: int) -> F64:
+        """The block's array, created (all NaN) on first use."""
+        if block not in self._blocks:
+            self._blocks[block] = np.full(self._shape, np.nan)
+        return self._blocks[block]
+
+    def read(self, blocks: Sequence[int]) -> F64:
+        out = np.full((len(blocks), *self._shape), np.nan)
+        for j, b in enumerate(blocks):
+            if b in self._blocks:
+                out[j] = self._blocks[b]
+        return out
+
+    def rows(self, slots: NDArray[np.int64]) -> F64:
+        b = self._shape[0]
+        out = np.full((slots.shape[0], *self._shape[1:]), np.nan)
+        for i, s in enumerate(slots.tolist()):
+            if s // b in self._blocks:
+                out[i] = self._blocks[s // b][s % b]
+        return out
+
+    def put(self, slots: NDArray[np.int64], values: F64) -> None:
+        b = self._shape[0]
+        for s, row in zip(slots.tolist(), values, strict=True):
+            self.block(s // b)[s % b] = row
+
+    def copy(self, pairs: Sequence[tuple[int, int]]) -> None:
+        sources = {s: self.read([s])[0] for s, _ in pairs}
+        for src, dst in pairs:
+            self._blocks[dst] = sources[src].copy()
+
 
 class KVMemory:
     """K and V for every layer, as float64, in the paged layout (fp8 values when quantized)."""
@@ -53,6 +110,7 @@ class KVMemory:
         *,
         kv_dtype: str | None = None,
         kv_scales: Sequence[tuple[float, float]] = (),
+        lazy: bool | None = None,
     ) -> None:
         dims = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         names = ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim")
@@ -64,8 +122,17 @@ class KVMemory:
         shape = (rest[0], rest[1], rest[2], rest[3])
         self.shape = shape
         self.num_layers = num_layers
-        self.k: list[F64] = [np.full(shape, np.nan) for _ in range(num_layers)]
-        self.v: list[F64] = [np.full(shape, np.nan) for _ in range(num_layers)]
+        elements = shape[0] * shape[1] * shape[2] * shape[3]
+        self.lazy = elements > LAZY_ELEMENTS if lazy is None else bool(lazy)
+        self.k: list[F64] = []
+        self.v: list[F64] = []
+        self._lazy: list[tuple[_LazyBlocks, _LazyBlocks]] = []
+        if self.lazy:
+            block = (shape[1], shape[2], shape[3])
+            self._lazy = [(_LazyBlocks(block), _LazyBlocks(block)) for _ in range(num_layers)]
+        else:
+            self.k = [np.full(shape, np.nan) for _ in range(num_layers)]
+            self.v = [np.full(shape, np.nan) for _ in range(num_layers)]
 
     @property
     def num_slots(self) -> int:
@@ -98,8 +165,12 @@ class KVMemory:
         used = slots[keep]
         if np.unique(used).size != used.size:
             raise ArgumentValueError(f"slot_mapping writes one slot twice: {used.tolist()}")
-        self._flat(self.k[layer])[used] = self._store(key[:n][keep], layer, 0)
-        self._flat(self.v[layer])[used] = self._store(value[:n][keep], layer, 1)
+        for which, x in enumerate((key, value)):
+            stored = self._store(x[:n][keep], layer, which)
+            if self.lazy:
+                self._lazy[layer][which].put(used, stored)
+            else:
+                self._flat((self.k, self.v)[which][layer])[used] = stored
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy block ``src`` onto block ``dst`` for K and V of every layer.
@@ -113,8 +184,12 @@ class KVMemory:
         src = np.array([s for s, _ in pairs])
         dst = np.array([d for _, d in pairs])
         for layer in range(self.num_layers):
-            self.k[layer][dst] = self.k[layer][src]
-            self.v[layer][dst] = self.v[layer][src]
+            if self.lazy:
+                for blocks in self._lazy[layer]:
+                    blocks.copy(pairs)
+            else:
+                self.k[layer][dst] = self.k[layer][src]
+                self.v[layer][dst] = self.v[layer][src]
 
     def gather(
         self, layer: int, block_table: Sequence[int], num_tokens: int, *, start: int = 0
@@ -139,12 +214,25 @@ class KVMemory:
                 "(padding and released blocks must never be dereferenced)"
             )
         slots = token_slots(table, num_tokens, b)[start:]
-        k = self._flat(self.k[layer])[slots]
-        v = self._flat(self.v[layer])[slots]
+        if self.lazy:
+            k, v = (blocks.rows(slots) for blocks in self._lazy[layer])
+        else:
+            k = self._flat(self.k[layer])[slots]
+            v = self._flat(self.v[layer])[slots]
         if self.kv_dtype is None:
             return k, v
         k_scale, v_scale = self.kv_scales[layer]
         return dequantize(k, k_scale), dequantize(v, v_scale)
+
+    def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[F64, F64]:
+        """Copies of K and V of ``blocks``, ``[len(blocks), B, H_kv, D]`` each, as stored."""
+        layer = self._check_layer(layer)
+        ids = check_ints("blocks", blocks, low=0, high=self.shape[0] - 1)
+        if self.lazy:
+            k_blocks, v_blocks = self._lazy[layer]
+            return k_blocks.read(ids), v_blocks.read(ids)
+        index = np.asarray(ids, dtype=np.int64)
+        return self.k[layer][index], self.v[layer][index]
 
     def _store(self, x: F64, layer: int, which: int) -> F64:
         """What the cache holds for ``x``: itself, or its fp8 value when quantized."""

@@ -9,6 +9,7 @@ names the variant and KV dtype of the failing layer.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ def test_only_declared_variants_and_kv_dtypes_are_drawn(
 ) -> None:
     caps = Capabilities("x", variants=declared, kv_dtypes=kv_dtypes)
     plan = plan_for(caps)
-    plan = plan if not long_context else type(plan)(**{**plan.__dict__, "long_context": True})
+    plan = plan if not long_context else replace(plan, kind="long")
     config: WorkloadConfig = data.draw(plan.configs())
     for layer in range(config.geometry.num_layers):
         v = config.variant(layer)

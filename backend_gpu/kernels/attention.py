@@ -404,7 +404,17 @@ def paged_attention(
         block_n,
         window,
     )
-    _launch(q, k_cache, v_cache, out, qsl, lens, tables, scale, variant, group, plan, max_query_len)
+    # The interpreter converts float32 to bfloat16 by truncation (toward zero), a GPU to
+    # nearest: under it, the kernel writes float32 and torch rounds (the suite's bias check
+    # sees the difference).
+    staged = interpreting() and out.dtype == torch.bfloat16
+    target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if staged else out
+    _launch(
+        q, k_cache, v_cache, target, qsl, lens, tables, scale, variant, group, plan, max_query_len
+    )
+    if staged:
+        num_tokens = int(qsl[-1])
+        out[:num_tokens] = target[:num_tokens].to(torch.bfloat16)
     return out
 
 

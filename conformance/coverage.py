@@ -1,0 +1,101 @@
+"""What a run reached: the shapes, batch widths and memory offsets its steps actually exercised.
+
+A profile says what the suite *may* draw; the coverage says what it did, so a
+report can show that head dim 128, a block size that is not a power of two, a
+GQA ratio of 3 or more, a step of 16 sequences and KV offsets past 2^31
+elements were all run, not merely possible.
+
+>>> cov = Coverage()
+>>> cov.note_shape(head_dim=128, block_size=48, num_kv_heads=2, gqa_ratio=3, dtype="float16")
+>>> cov.note_step(num_seqs=18, decodes=15, max_offset=2**31 + 5)
+>>> print("\\n".join(cov.describe()))
+head dims: 128 (non-power-of-two: none)
+block sizes: 48 (non-power-of-two: 48)
+GQA ratios: 3; KV heads: 2; dtypes: float16
+widest step: 18 sequences (15 decodes, 3 prefill chunks)
+widest mixed step: 15 decodes with 3 prefill chunks
+largest KV element offset: 2147483653 (past 2^31: yes)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+INT32_LIMIT = 2**31
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def _list(values: set[int]) -> str:
+    return ", ".join(str(v) for v in sorted(values)) or "none"
+
+
+@dataclass
+class Coverage:
+    """Shapes, widths and offsets reached by the steps of a run."""
+
+    head_dims: set[int] = field(default_factory=set)
+    block_sizes: set[int] = field(default_factory=set)
+    gqa_ratios: set[int] = field(default_factory=set)
+    kv_heads: set[int] = field(default_factory=set)
+    dtypes: set[str] = field(default_factory=set)
+    widest_step: int = 0
+    widest_decodes: int = 0
+    widest_mixed: tuple[int, int] = (0, 0)  # decodes and prefill chunks of the widest mixed call
+    max_offset: int = 0
+
+    def note_shape(
+        self, *, head_dim: int, block_size: int, num_kv_heads: int, gqa_ratio: int, dtype: str
+    ) -> None:
+        self.head_dims.add(head_dim)
+        self.block_sizes.add(block_size)
+        self.kv_heads.add(num_kv_heads)
+        self.gqa_ratios.add(gqa_ratio)
+        self.dtypes.add(dtype)
+
+    def note_step(self, *, num_seqs: int, decodes: int, max_offset: int) -> None:
+        """One backend attention call of ``num_seqs`` sequences; its largest KV element offset."""
+        if num_seqs > self.widest_step:
+            self.widest_step, self.widest_decodes = num_seqs, decodes
+        if 0 < decodes < num_seqs and num_seqs > sum(self.widest_mixed):
+            self.widest_mixed = (decodes, num_seqs - decodes)
+        self.max_offset = max(self.max_offset, max_offset)
+
+    def describe(self) -> list[str]:
+        odd_d = {d for d in self.head_dims if not _pow2(d)}
+        odd_b = {b for b in self.block_sizes if not _pow2(b)}
+        past = "yes" if self.max_offset >= INT32_LIMIT else "no"
+        chunks = self.widest_step - self.widest_decodes
+        return [
+            f"head dims: {_list(self.head_dims)} (non-power-of-two: {_list(odd_d)})",
+            f"block sizes: {_list(self.block_sizes)} (non-power-of-two: {_list(odd_b)})",
+            f"GQA ratios: {_list(self.gqa_ratios)}; KV heads: {_list(self.kv_heads)}; "
+            f"dtypes: {', '.join(sorted(self.dtypes)) or 'none'}",
+            f"widest step: {self.widest_step} sequences "
+            f"({self.widest_decodes} decodes, {chunks} prefill chunks)",
+            "widest mixed step: none"
+            if not any(self.widest_mixed)
+            else f"widest mixed step: {self.widest_mixed[0]} decodes with "
+            f"{self.widest_mixed[1]} prefill chunks",
+            f"largest KV element offset: {self.max_offset} (past 2^31: {past})",
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "head_dims": sorted(self.head_dims),
+            "block_sizes": sorted(self.block_sizes),
+            "gqa_ratios": sorted(self.gqa_ratios),
+            "kv_heads": sorted(self.kv_heads),
+            "dtypes": sorted(self.dtypes),
+            "widest_step": self.widest_step,
+            "widest_step_decodes": self.widest_decodes,
+            "widest_mixed_step": {
+                "decodes": self.widest_mixed[0],
+                "prefill_chunks": self.widest_mixed[1],
+            },
+            "max_kv_element_offset": self.max_offset,
+            "past_int32": self.max_offset >= INT32_LIMIT,
+        }
