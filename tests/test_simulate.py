@@ -213,7 +213,9 @@ def test_static_batch_waits_to_fill_on_an_idle_clock() -> None:
     assert alone.end[49] == pytest.approx(50 * tick) and alone.batch[:50] == [0] * 50
     _, eager = run("static-eager", pair, engine)  # takes whoever is waiting: request 0 alone
     assert eager.idle_steps == 0 and eager.requests[0].first_scheduled_step == 0
-    assert eager.requests[1].first_scheduled_step == eager.requests[0].finish_step + 1
+    first_finish = eager.requests[0].finish_step
+    assert first_finish is not None
+    assert eager.requests[1].first_scheduled_step == first_finish + 1
 
 
 # -- the lessons' switches: admission control, chunking, request classes, fragmentation --
