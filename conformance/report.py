@@ -54,6 +54,8 @@ def replay_script(result: RunResult) -> str:
 
 
 def reproduce_command(result: RunResult) -> str:
+    if result.reproduce:
+        return result.reproduce
     return (
         f"python -m conformance run --backend {shlex.quote(portable_ref(result.backend))} "
         f"--profile {result.profile} --seed {result.seed}"

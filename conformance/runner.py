@@ -147,6 +147,7 @@ class RunResult:
     slowest_call: tuple[str, float] = ("", 0.0)
     isolated: bool = False
     interrupted: bool = False
+    reproduce: str = ""  # the command that reproduces this result, when not ``run --seed``
 
     @property
     def passed(self) -> bool:

@@ -1,0 +1,95 @@
+"""The C reader (conformance/reader_c/) builds with the system compiler and passes the vectors.
+
+It proves that the format stands without Python: a C99 program with a JSON parser
+of its own, libc and libm replays every vector with a naive paged-attention loop.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from vectors_fixtures import exported, manifests
+
+from conformance.vectors_export import ExportSummary
+from conformance.vectors_format import load_array, save_array
+
+__all__ = ["exported"]
+
+SOURCES = Path(__file__).resolve().parent.parent / "conformance" / "reader_c"
+COMPILER = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+needs_compiler = pytest.mark.skipif(
+    COMPILER is None, reason="no C compiler (cc, gcc or clang) on PATH: apt-get install gcc"
+)
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    assert COMPILER is not None
+    exe = tmp_path_factory.mktemp("reader_c") / "vectors_check"
+    sources = [str(SOURCES / "vectors_check.c"), str(SOURCES / "json.c")]
+    flags = ["-std=c99", "-O2", "-Wall", "-Wextra", "-pedantic", "-Werror"]
+    subprocess.run([COMPILER, *flags, "-o", str(exe), *sources, "-lm"], check=True)
+    return exe
+
+
+def _run(reader: Path, paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    args = [str(reader), *map(str, paths)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+
+
+@needs_compiler
+def test_the_c_reader_passes_every_vector_it_implements(
+    reader: Path, exported: ExportSummary
+) -> None:
+    done = _run(reader, manifests(exported.out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == exported.examples
+    assert all(line.startswith(("PASS", "SKIP")) for line in lines)
+    skipped = [line for line in lines if line.startswith("SKIP")]
+    assert all("fp8 KV cache" in line for line in skipped)
+    assert len(skipped) < len(lines) / 2
+
+
+def _tampered(exported: ExportSummary, tmp_path: Path, op: str, key: str) -> Path:
+    """A copy of the first vector with one expected value of the first ``op`` changed."""
+    import json
+
+    src = manifests(exported.out)[0].parent
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    name = next(o[key] for o in manifest["operations"] if o["op"] == op and o.get(key))
+    array = load_array(dst / name).copy()
+    if op == "attention":  # both references move, so the allowance stays as it was
+        array[:, 0, 0, 0] += 0.25
+    else:
+        array.reshape(-1)[0] += 0.5
+    save_array(dst / name, array)
+    return dst / "manifest.json"
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    ("op", "key", "word"), [("attention", "expected", "ulp"), ("read_kv", "update", "read_kv")]
+)
+def test_the_c_reader_fails_a_changed_expectation(
+    reader: Path, exported: ExportSummary, tmp_path: Path, op: str, key: str, word: str
+) -> None:
+    done = _run(reader, [_tampered(exported, tmp_path, op, key)])
+    assert done.returncode == 1, done.stdout
+    assert done.stdout.startswith("FAIL") and word in done.stdout
+
+
+@needs_compiler
+def test_the_c_reader_refuses_what_is_not_a_vector(reader: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "manifest.json"
+    bad.write_text('{"format": "other", "version": 1}')
+    done = _run(reader, [bad])
+    assert done.returncode == 2 and "not a paged-spec-vectors manifest" in done.stderr
+    assert _run(reader, []).returncode == 2
+    assert _run(reader, [tmp_path / "missing.json"]).returncode == 2
