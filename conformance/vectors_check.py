@@ -12,8 +12,11 @@ The first difference raises :class:`~conformance.lockstep.ConformanceFailure`
 with the vector and operation named.
 
 A vector the backend's :class:`~spec.backend.Capabilities` do not cover (its
-geometry, a layer's variant, an attention batch, a large pool without
-``read_blocks``) is skipped, with the reason; see :func:`unsupported`.
+geometry, a layer's variant, a large pool without ``read_blocks``) is
+skipped, with the reason; see :func:`unsupported`. Attention is split into
+the calls the backend accepts, as the lockstep splits it; a sequence whose
+query it cannot run at all (a prefill for a decode-only kernel) has its KV
+checked and its attention counted as skipped.
 
 In a KV difference the sequence and token named are those whose K and V were
 last written to the slot (copies carry them along), as the vector's writes
@@ -40,7 +43,7 @@ from conformance.compare import (
 )
 from conformance.coverage import Coverage
 from conformance.guard import BackendFault, CallGuard
-from conformance.lockstep import ConformanceFailure
+from conformance.lockstep import ConformanceFailure, _generic, _rows, _sub_batch
 from conformance.machine import RunStats
 from conformance.numerics import ExampleMeter, output_errors, ulp_scale
 from conformance.runner import PROFILES, RunResult
@@ -88,9 +91,6 @@ class _Vector:
             raise VectorError(f"{self.dir}: {where}: {name!r} is not an array path")
         return load_array(self.dir / name)
 
-    def batches(self) -> list[BatchMetadata]:
-        return [_batch(op["batch"]) for op in self.ops if op.get("op") == "attention"]
-
 
 def unsupported(caps: Capabilities, backend: Backend, vector: _Vector) -> str | None:
     """Why ``backend`` cannot run ``vector`` (``None`` when it can): the first reason found."""
@@ -106,10 +106,6 @@ def unsupported(caps: Capabilities, backend: Backend, vector: _Vector) -> str | 
     big = vector.backend_geometry.num_blocks != g.num_blocks
     if big and not callable(getattr(backend, "read_blocks", None)):
         return "a large pool read by blocks (the backend has no read_blocks)"
-    for batch in vector.batches():
-        why_batch = caps.batch_unsupported(batch)
-        if why_batch:
-            return f"an attention call with {why_batch}"
     return None
 
 
@@ -123,6 +119,7 @@ class _Replay:
         self.checks = stats.checks
         self.slowest: tuple[str, float] = ("", 0.0)
         self.guard = CallGuard()
+        self.caps = backend.capabilities
         self.step = 0
         self.index = 0
         self.owners: dict[int, tuple[int, int]] = {}
@@ -189,39 +186,81 @@ class _Replay:
             self.checks["copy lists executed"] += len(copies)
 
     def _attention(self, op: dict[str, Any]) -> None:
+        """Run the calls the backend accepts (split as the lockstep splits); judge them at once."""
         v = self.vector
         layer = int(op["layer"])
         query = v.array(op["query"], "query").astype(np.float32)
         expected = v.array(op["expected"], "expected").astype(np.float64)
         batch = _batch(op["batch"])
+        if expected.shape != (2, *query.shape) or query.shape[0] != batch.num_tokens:
+            raise VectorError(
+                f"{v.dir}: operations[{self.index}]: query {query.shape} and expected "
+                f"{expected.shape} do not fit a batch of {batch.num_tokens} tokens"
+            )
         variant = _variant(op["variant"])
         extra = {} if variant is None else {"variant": variant}
-        out = self._call(
-            "attention", self.backend.attention, layer, query, batch, float(op["scale"]), **extra
-        )
-        actual = np.asarray(out, dtype=np.float64)
-        if actual.shape != query.shape:
-            self._fail(
-                "shape", f"attention returned shape {actual.shape}, expected {query.shape}", layer
+        calls = self._calls(batch)
+        actual, paths = [], []
+        for call in calls:
+            sub = _sub_batch(batch, call)
+            q = query[_rows(batch, call)]
+            out = self._call(
+                "attention", self.backend.attention, layer, q, sub, float(op["scale"]), **extra
             )
-        exact, same = expected[0], expected[1]
-        path = self._path()
+            got = np.asarray(out, dtype=np.float64)
+            if got.shape != q.shape:
+                self._fail(
+                    "shape", f"attention returned shape {got.shape}, expected {q.shape}", layer
+                )
+            actual.append(got)
+            paths.append(self._path())
+            decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
+            self.stats.coverage.note_step(num_seqs=sub.num_seqs, decodes=decodes, max_offset=0)
+        attended = [i for call in calls for i in call]
+        if not attended:
+            return
+        rows_of = _rows(batch, attended)
+        exact, same = expected[0][rows_of], expected[1][rows_of]
+        got_all = np.concatenate(actual)
+        path = "; ".join(dict.fromkeys(p for p in paths if p)) or None
         scale = ulp_scale(exact, v.dtype)
-        errors = output_errors(exact, same, actual, v.dtype, v.regime, path, scale)
+        errors = output_errors(exact, same, got_all, v.dtype, v.regime, path, scale)
         rows = [
-            (batch.seq_ids[i], batch.positions[r])
-            for i in range(batch.num_seqs)
-            for r in range(batch.query_start_loc[i], batch.query_start_loc[i + 1])
+            (batch.seq_ids[i], batch.positions[int(r)]) for i in attended for r in _rows(batch, [i])
         ]
-        diff = first_output_difference(self.step, layer, exact, actual, errors, rows)
+        diff = first_output_difference(self.step, layer, exact, got_all, errors, rows)
         if diff is not None:
             self._raise(diff)
         self.stats.margins.note_step(errors)
         self.stats.longest = max(self.stats.longest, batch.max_seq_len)
-        decodes = sum(batch.query_len(i) == 1 for i in range(batch.num_seqs))
-        self.stats.coverage.note_step(num_seqs=batch.num_seqs, decodes=decodes, max_offset=0)
-        self.meter.add(exact, actual, same, scale[0])
+        self.meter.add(exact, got_all, same, scale[0])
         self.checks["attention outputs judged against the same-precision reference"] += len(rows)
+
+    def _calls(self, batch: BatchMetadata) -> list[list[int]]:
+        """The sequences of each call the backend accepts, as the lockstep forms them.
+
+        A sequence whose query the backend cannot run (a prefill for a
+        decode-only kernel) is left out and counted as skipped; decodes and
+        prefill chunks go in separate calls without ``mixed_batches``; no call
+        holds more than ``max_num_seqs`` sequences.
+        """
+        caps, runnable = self.caps, []
+        for i in range(batch.num_seqs):
+            n = batch.query_len(i)
+            why = caps.query_unsupported(n, batch.seq_lens[i] - n)
+            if why:
+                kind = "decode" if n == 1 else "prefill chunk"
+                self.stats.skips[
+                    f"{kind} attention not run: {_generic(why)}; its KV was checked"
+                ] += 1
+            else:
+                runnable.append(i)
+        kinds = [runnable]
+        if not caps.mixed_batches:
+            kinds = [[i for i in runnable if batch.query_len(i) == 1]]
+            kinds.append([i for i in runnable if batch.query_len(i) > 1])
+        width = caps.max_num_seqs or batch.num_seqs or 1
+        return [c for k in kinds for j in range(0, len(k), width) if (c := k[j : j + width])]
 
     def _read(self, op: dict[str, Any]) -> None:
         v, layer = self.vector, int(op["layer"])

@@ -272,6 +272,7 @@ def export_vectors(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SetupError(f"--out {out}: exists and is not an empty directory; choose a new one")
     run_seed = random.randrange(2**32) if seed is None else seed
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     recorder = _Recorder(out)
     try:
@@ -288,8 +289,9 @@ def export_vectors(
             detail = "" if result.difference is None else result.difference.describe()
             raise SetupError(f"the reference backend failed its own suite: {detail}")
         recorder.finish(profile, run_seed, result.passes)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
+    except BaseException:  # no half-written export is left behind, only what was there
+        for path in [out] if created else list(out.iterdir()):
+            shutil.rmtree(path, ignore_errors=True)
         raise
     files = [p for p in out.rglob("*") if p.is_file()]
     return ExportSummary(

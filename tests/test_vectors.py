@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from vectors_fixtures import exported, manifests
+from vectors_fixtures import Exported, exported, manifests
 
 from conformance.cli import main
+from conformance.discovery import load_backend
 from conformance.numpy_backend import NumpyPagedBackend
 from conformance.plan import SetupError
 from conformance.planted import PLANTED
 from conformance.vectors_check import check_vectors
-from conformance.vectors_export import ExportSummary, export_vectors
+from conformance.vectors_export import export_vectors
 from conformance.vectors_format import VectorError, load_array, save_array
 from spec.backend import Capabilities, ReferenceBackend
 
@@ -24,13 +26,15 @@ __all__ = ["exported"]  # the session fixture, imported for pytest
 SCHEMA = Path(__file__).resolve().parent.parent / "conformance" / "schema" / "vectors.schema.json"
 
 
-def test_the_export_covers_every_pass(exported: ExportSummary) -> None:
+def test_the_export_covers_every_pass(exported: Exported) -> None:
     names = {name.split(" (")[0] for name, _ in exported.passes}
     assert names == {"short", "wide", "long", "large pool", "production", "feature"}
-    assert exported.examples == len(manifests(exported.out)) >= len(exported.passes)
+    assert exported.examples >= len(exported.passes)
+    assert exported.printed.startswith(f"exported {exported.examples} vectors (")
+    assert f"vectors check {exported.out} --backend NAME" in exported.printed
 
 
-def test_the_schema_validates_every_exported_manifest(exported: ExportSummary) -> None:
+def test_the_schema_validates_every_exported_manifest(exported: Exported) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -40,7 +44,7 @@ def test_the_schema_validates_every_exported_manifest(exported: ExportSummary) -
         assert not errors, f"{path}: {errors[0].message} at {list(errors[0].path)}"
 
 
-def test_the_schema_rejects_a_manifest_that_breaks_it(exported: ExportSummary) -> None:
+def test_the_schema_rejects_a_manifest_that_breaks_it(exported: Exported) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
     manifest = json.loads(manifests(exported.out)[0].read_text())
@@ -48,7 +52,7 @@ def test_the_schema_rejects_a_manifest_that_breaks_it(exported: ExportSummary) -
     assert list(validator.iter_errors(manifest))
 
 
-def test_every_array_is_the_documented_npy_subset(exported: ExportSummary) -> None:
+def test_every_array_is_the_documented_npy_subset(exported: Exported) -> None:
     for path in sorted(exported.out.glob("*/arrays/*.npy")):
         ours = load_array(path)
         assert ours.dtype in (np.float32, np.float64)
@@ -56,7 +60,7 @@ def test_every_array_is_the_documented_npy_subset(exported: ExportSummary) -> No
 
 
 @pytest.mark.parametrize("backend", ["reference", "numpy"])
-def test_correct_cpu_backends_pass(exported: ExportSummary, backend: str) -> None:
+def test_correct_cpu_backends_pass(exported: Exported, backend: str) -> None:
     made = ReferenceBackend() if backend == "reference" else NumpyPagedBackend()
     result = check_vectors(made, backend, exported.out)
     assert result.passed, result.difference and result.difference.describe()
@@ -65,20 +69,20 @@ def test_correct_cpu_backends_pass(exported: ExportSummary, backend: str) -> Non
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_torch_and_triton_pass(exported: ExportSummary, backend: str) -> None:
+def test_torch_and_triton_pass(exported: Exported, backend: str) -> None:
     pytest.importorskip(backend)
     assert main(["vectors", "check", str(exported.out), "--backend", backend]) == 0
 
 
 @pytest.mark.parametrize("label", sorted(PLANTED))
-def test_every_planted_bug_fails(exported: ExportSummary, label: str) -> None:
+def test_every_planted_bug_fails(exported: Exported, label: str) -> None:
     result = check_vectors(PLANTED[label](), label, exported.out)
     assert result.difference is not None, f"vectors missed: {label}"
     assert "vector " in result.difference.detail and "operation " in result.difference.detail
 
 
 def test_a_failure_reports_like_run(
-    exported: ExportSummary, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    exported: Exported, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report, junit = tmp_path / "r.json", tmp_path / "r.xml"
     ref = "conformance.planted:SlotOffByOne"
@@ -92,7 +96,7 @@ def test_a_failure_reports_like_run(
     assert "<failure" in junit.read_text()
 
 
-def test_the_replay_script_raises_at_the_same_difference(exported: ExportSummary) -> None:
+def test_the_replay_script_raises_at_the_same_difference(exported: Exported) -> None:
     result = check_vectors(PLANTED["wrong scale"](), "x", exported.out)
     assert result.difference is not None
     script = "\n".join(result.workload)
@@ -107,7 +111,7 @@ class _Float32Only(NumpyPagedBackend):
         return Capabilities("float32 only", dtypes=frozenset({"float32"}))
 
 
-def test_vectors_a_backend_cannot_run_are_skipped_and_listed(exported: ExportSummary) -> None:
+def test_vectors_a_backend_cannot_run_are_skipped_and_listed(exported: Exported) -> None:
     result = check_vectors(_Float32Only(), "f32", exported.out)
     assert result.passed and result.skipped
     assert all(why.startswith("vector ") for why in result.skipped)
@@ -115,10 +119,34 @@ def test_vectors_a_backend_cannot_run_are_skipped_and_listed(exported: ExportSum
     assert any("attention variant" in why or "KV dtype" in why for why in result.skipped)
 
 
+class _TwoAtATime(NumpyPagedBackend):
+    @property
+    def capabilities(self) -> Capabilities:
+        caps = super().capabilities
+        return replace(caps, name="two at a time", max_num_seqs=2, mixed_batches=False)
+
+
+def test_attention_is_split_into_the_calls_a_backend_accepts(exported: Exported) -> None:
+    result = check_vectors(_TwoAtATime(), "two", exported.out)
+    assert result.passed, result.difference and result.difference.describe()
+    assert 0 < result.stats.coverage.widest_step <= 2
+    assert result.stats.coverage.widest_mixed == (0, 0)
+
+
+def test_a_decode_only_kernel_has_its_kv_checked_and_its_prefills_skipped(
+    exported: Exported,
+) -> None:
+    ref = "tests/decode_only_backend/decode_backend.py:make_backend"
+    result = check_vectors(load_backend(ref), ref, exported.out)
+    assert result.passed, result.difference and result.difference.describe()
+    assert any("prefill chunk attention not run" in why for why in result.stats.skips)
+    assert result.stats.checks["attention outputs judged against the same-precision reference"]
+
+
 # -- bad arguments and corrupt vectors: exit 2 with a message naming the problem -----------
 
 
-def _copy(exported: ExportSummary, tmp_path: Path) -> Path:
+def _copy(exported: Exported, tmp_path: Path) -> Path:
     out = tmp_path / "v"
     shutil.copytree(exported.out / "0000", out / "0000")
     return out
@@ -142,7 +170,7 @@ def test_check_of_a_missing_or_empty_directory(
 
 
 def test_check_of_corrupt_vectors(
-    exported: ExportSummary, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    exported: Exported, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(exported, tmp_path)
     path = root / "0000" / "manifest.json"
@@ -163,7 +191,7 @@ def test_check_of_corrupt_vectors(
 
 
 def test_check_with_an_unknown_backend(
-    exported: ExportSummary, capsys: pytest.CaptureFixture[str]
+    exported: Exported, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["vectors", "check", str(exported.out), "--backend", "no_such_backend"]
     _check_error(argv, capsys, "no installed backend named 'no_such_backend'")

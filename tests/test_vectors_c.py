@@ -10,11 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
-from vectors_fixtures import exported, manifests
+from vectors_fixtures import Exported, exported, manifests
 
-from conformance.vectors_export import ExportSummary
 from conformance.vectors_format import load_array, save_array
 
 __all__ = ["exported"]
@@ -42,9 +40,7 @@ def _run(reader: Path, paths: list[Path]) -> subprocess.CompletedProcess[str]:
 
 
 @needs_compiler
-def test_the_c_reader_passes_every_vector_it_implements(
-    reader: Path, exported: ExportSummary
-) -> None:
+def test_the_c_reader_passes_every_vector_it_implements(reader: Path, exported: Exported) -> None:
     done = _run(reader, manifests(exported.out))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -55,7 +51,7 @@ def test_the_c_reader_passes_every_vector_it_implements(
     assert len(skipped) < len(lines) / 2
 
 
-def _tampered(exported: ExportSummary, tmp_path: Path, op: str, key: str) -> Path:
+def _tampered(exported: Exported, tmp_path: Path, op: str, key: str) -> Path:
     """A copy of the first vector with one expected value of the first ``op`` changed."""
     import json
 
@@ -78,7 +74,7 @@ def _tampered(exported: ExportSummary, tmp_path: Path, op: str, key: str) -> Pat
     ("op", "key", "word"), [("attention", "expected", "ulp"), ("read_kv", "update", "read_kv")]
 )
 def test_the_c_reader_fails_a_changed_expectation(
-    reader: Path, exported: ExportSummary, tmp_path: Path, op: str, key: str, word: str
+    reader: Path, exported: Exported, tmp_path: Path, op: str, key: str, word: str
 ) -> None:
     done = _run(reader, [_tampered(exported, tmp_path, op, key)])
     assert done.returncode == 1, done.stdout
