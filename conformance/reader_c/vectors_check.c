@@ -7,7 +7,8 @@
  * copy_blocks), compares it bit for bit with every read_kv's expected contents,
  * computes every attention call in double precision (slot = table[p / B] * B + p % B,
  * causal, GQA, scale; sliding window, soft-cap, sinks and ALiBi) and judges it with
- * the manifest's tolerance rule. fp8 KV caches are skipped with a message.
+ * the manifest's tolerance rule. An fp8 cache (kv_dtype fp8_e4m3 or fp8_e5m2) stores
+ * round_fp8(float32(x) / float32(scale)) and attention reads stored * scale.
  * Prints PASS, SKIP or FAIL per vector; exits 0 (no failure), 1 (a failure) or
  * 2 (a file cannot be read or is not a vector). C99, libc and libm only. */
 #include <math.h>
@@ -164,12 +165,41 @@ static double ulp(double x, const rule *r) {
     return ldexp(p, -r->mant);
 }
 
+/* ---- fp8 KV: the rounding of spec/quant.py ------------------------------------- */
+
+typedef struct { int mant, min_exp; double max; } fp8;
+
+static double round_fp8(double x, const fp8 *f) {
+    double c = x > f->max ? f->max : x < -f->max ? -f->max : x, q, r; /* NaN passes */
+    int e;
+    frexp(c, &e);
+    e = e - 1 > f->min_exp ? e - 1 : f->min_exp;
+    q = ldexp(1.0, e - f->mant);
+    r = rint(c / q) * q; /* the default rounding mode: to nearest, ties to even */
+    r = r > f->max ? f->max : r < -f->max ? -f->max : r;
+    return copysign(r, c);
+}
+
+static double quantize(double x, double scale, const fp8 *f) {
+    volatile float quotient = (float)x / (float)scale; /* the division in float32 */
+    return round_fp8(quotient, f);
+}
+
 /* ---- one vector -------------------------------------------------------------- */
 
 typedef struct {
     const jnode *m; store cache, expect; rule tol; meter met;
     int layers, B, hkv, D, H, fails; long long num_blocks;
+    int quantized; fp8 fmt; double scales[4096][2]; /* per layer (k_scale, v_scale) */
 } vec;
+
+/* Write one token's K (which 0) or V (1) row: as given, or its fp8 values. */
+static void store_row(vec *v, int layer, long long slot, int which, const double *x) {
+    double *dst = slot_row(&v->cache, layer, slot, which, 1);
+    long long d;
+    for (d = 0; d < v->cache.row; d++)
+        dst[d] = v->quantized ? quantize(x[d], v->scales[layer][which], &v->fmt) : x[d];
+}
 
 static void report(vec *v, int op, const char *kind, long long step, const char *fmt, double a, double b) {
     printf("FAIL %s: operation %d (%s), step %lld: ", dir, op, kind, step);
@@ -214,6 +244,7 @@ static void attention(vec *v, const jnode *op, int index) {
                     const double *kr = slot_row(&v->cache, layer, slot, 0, 1) + kvh * v->D;
                     double s = 0;
                     for (d = 0; d < v->D; d++) s += qr[d] * kr[d];
+                    if (v->quantized) s *= v->scales[layer][0];
                     s *= scale;
                     if (cap > 0) s = cap * tanh(s / cap);
                     if (slopes) s += slopes->items[h]->num * (double)(k - p);
@@ -224,9 +255,9 @@ static void attention(vec *v, const jnode *op, int index) {
                 for (k = first; k <= p; k++) {
                     long long slot = table->items[k / v->B]->integer * v->B + k % v->B;
                     const double *vr = slot_row(&v->cache, layer, slot, 1, 1) + kvh * v->D;
-                    double w = exp(scores[k] - m);
+                    double w = exp(scores[k] - m), vs = v->quantized ? v->scales[layer][1] : 1.0;
                     total += w;
-                    for (d = 0; d < v->D; d++) o[d] += w * vr[d];
+                    for (d = 0; d < v->D; d++) o[d] += w * vs * vr[d];
                 }
                 if (sinks) total += exp(sinks->items[h]->num - m);
                 for (d = 0; d < v->D; d++) o[d] /= total;
@@ -308,8 +339,21 @@ static int run_vector(const char *manifest) {
     tol = field(v.m, "tolerance");
     if (strcmp(field(tol, "rule")->str, "same-precision-ulps")) die("unknown tolerance rule", manifest);
     if (!isnull(field(g, "kv_dtype"))) {
-        printf("SKIP %s: fp8 KV cache (%s) is not implemented by this reader\n", dir, field(g, "kv_dtype")->str);
-        return 0;
+        const char *name = field(g, "kv_dtype")->str;
+        const jnode *scales = field(g, "kv_scales");
+        fp8 e4m3 = {3, -6, 448.0}, e5m2 = {2, -14, 57344.0};
+        if (!strcmp(name, "fp8_e4m3")) v.fmt = e4m3;
+        else if (!strcmp(name, "fp8_e5m2")) v.fmt = e5m2;
+        else {
+            printf("SKIP %s: KV dtype %s is not implemented by this reader\n", dir, name);
+            return 0;
+        }
+        if (scales->len > 4096) die("more than 4096 layers", manifest);
+        for (i = 0; i < scales->len; i++) { /* scales are used as float32 values */
+            v.scales[i][0] = (float)scales->items[i]->items[0]->num;
+            v.scales[i][1] = (float)scales->items[i]->items[1]->num;
+        }
+        v.quantized = 1;
     }
     v.layers = (int)ival(g, "num_layers"); v.B = (int)ival(g, "block_size");
     v.hkv = (int)ival(g, "num_kv_heads"); v.D = (int)ival(g, "head_dim");
@@ -335,8 +379,7 @@ static int run_vector(const char *manifest) {
             for (j = 0; j < slots->len && j < rows; j++)
                 if (slots->items[j]->integer >= 0)
                     for (which = 0; which < 2; which++)
-                        memcpy(slot_row(&v.cache, layer, slots->items[j]->integer, which, 1),
-                               kv.data + (which * rows + j) * row, sizeof(double) * (size_t)row);
+                        store_row(&v, layer, slots->items[j]->integer, which, kv.data + (which * rows + j) * row);
             free(kv.data);
         } else if (!strcmp(kind, "copy_blocks")) {
             const jnode *copies = field(op, "copies");
