@@ -74,7 +74,8 @@ class _Vector:
         self.dtype = check_tolerance(where, m.get("tolerance"))
         try:
             self.geometry = _geometry(m["geometry"])
-            self.num_heads = int(m["num_heads"])
+            heads = m["num_heads"]  # None: the example ran no attention
+            self.num_heads: int | None = None if heads is None else int(heads)
             self.regime = str(m["scale_regime"])
             self.variants = [_variant(v) for v in m["layer_variants"]]
             self.ops: list[dict[str, Any]] = list(m["operations"])
@@ -95,8 +96,9 @@ class _Vector:
 def unsupported(caps: Capabilities, backend: Backend, vector: _Vector) -> str | None:
     """Why ``backend`` cannot run ``vector`` (``None`` when it can): the first reason found."""
     g = vector.geometry
+    heads = g.num_kv_heads if vector.num_heads is None else vector.num_heads
     for layer, variant in enumerate(vector.variants):
-        why = caps.unsupported(g, vector.num_heads, variant)
+        why = caps.unsupported(g, heads, variant)
         if why:
             return f"layer {layer}: {', '.join(why)}"
     if caps.tensors != "numpy":
@@ -440,6 +442,8 @@ def _count_ops(stats: RunStats, ops: Sequence[Mapping[str, Any]]) -> None:
 
 def _note_coverage(coverage: Coverage, vector: _Vector) -> None:
     g = vector.geometry
+    if vector.num_heads is None:  # no attention ran: no GQA ratio to note
+        return
     coverage.note_shape(
         head_dim=g.head_dim,
         block_size=g.block_size,
@@ -452,7 +456,8 @@ def _note_coverage(coverage: Coverage, vector: _Vector) -> None:
 def _shape(vector: _Vector) -> str:
     g = vector.geometry
     kv = "" if g.kv_dtype is None else f" KV {g.kv_dtype}"
-    return f"{g.dtype} B={g.block_size} H={vector.num_heads}/{g.num_kv_heads} D={g.head_dim}{kv}"
+    heads = "-" if vector.num_heads is None else vector.num_heads
+    return f"{g.dtype} B={g.block_size} H={heads}/{g.num_kv_heads} D={g.head_dim}{kv}"
 
 
 def _geometry(d: Mapping[str, Any]) -> KVGeometry:

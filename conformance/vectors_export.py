@@ -226,9 +226,7 @@ class _Recorder(ReferenceBackend):
     def _manifests(self, profile: str, seed: int, passes: list[tuple[str, int]]) -> None:
         for i, ex in enumerate(self.examples):
             g = ex.geometry
-            heads = ex.num_heads or g.num_kv_heads
-            scale = 1.0 / math.sqrt(g.head_dim) if ex.scale is None else ex.scale
-            large = math.isclose(scale, scale_for(g.head_dim, True))
+            large = ex.scale is not None and math.isclose(ex.scale, scale_for(g.head_dim, True))
             write_manifest(
                 ex.dir,
                 {
@@ -243,8 +241,8 @@ class _Recorder(ReferenceBackend):
                         f"--profile {profile} --seed {seed}",
                     },
                     "geometry": _geometry(g),
-                    "num_heads": heads,
-                    "scale": scale,
+                    "num_heads": ex.num_heads,  # None: the example ran no attention
+                    "scale": ex.scale,
                     "scale_regime": LARGE_LOGITS if large else USUAL_SCALE,
                     "layer_variants": [ex.variants.get(n) for n in range(g.num_layers)],
                     "tolerance": tolerance(g.dtype),

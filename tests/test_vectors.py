@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from vectors_fixtures import Exported, exported, manifests
+from vectors_fixtures import EXAMPLES, SEED, Exported, exported, manifests
 
 from conformance.cli import main
 from conformance.discovery import load_backend
 from conformance.numpy_backend import NumpyPagedBackend
 from conformance.plan import SetupError
 from conformance.planted import PLANTED
+from conformance.runner import run_suite
 from conformance.vectors_check import check_vectors
 from conformance.vectors_export import export_vectors
 from conformance.vectors_format import VectorError, load_array, save_array
@@ -32,6 +33,23 @@ def test_the_export_covers_every_pass(exported: Exported) -> None:
     assert exported.examples >= len(exported.passes)
     assert exported.printed.startswith(f"exported {exported.examples} vectors (")
     assert f"vectors check {exported.out} --backend NAME" in exported.printed
+
+
+def test_vectors_and_the_live_suite_judge_the_same_outputs(exported: Exported) -> None:
+    """The vectors hold the live run's calls: the same steps, outputs and examples judged."""
+    live = run_suite(
+        ReferenceBackend(), "reference", run_seed=SEED, max_examples=EXAMPLES, database=None
+    )
+    replayed = check_vectors(ReferenceBackend(), "reference", exported.out)
+    for check in (
+        "attention outputs judged against the same-precision reference",
+        "examples judged for mean error and bias (in ulps)",
+    ):
+        assert replayed.stats.checks[check] == live.stats.checks[check] > 0
+    assert replayed.stats.steps == live.stats.steps
+    # the widest steps and the largest offset (shapes differ: an example that ran no
+    # attention has no GQA ratio in its vector)
+    assert replayed.stats.coverage.describe()[3:] == live.stats.coverage.describe()[3:]
 
 
 def test_the_schema_validates_every_exported_manifest(exported: Exported) -> None:
