@@ -57,6 +57,7 @@ from conformance.vectors_format import (
 from spec.attention import AttentionVariant
 from spec.backend import Backend, Capabilities, KVGeometry
 from spec.batch import BatchMetadata, GroupLayout
+from spec.errors import SpecError
 
 _T = TypeVar("_T")
 F64 = NDArray[np.float64]
@@ -81,7 +82,7 @@ class _Vector:
             self.ops: list[dict[str, Any]] = list(m["operations"])
             self.profile = str(m["source"]["profile"])
             self.seed = int(m["source"]["seed"])
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, SpecError) as err:
             raise VectorError(f"{where}: missing or malformed field: {err!r}") from err
         if not self.ops or self.ops[0].get("op") != "create_cache":
             raise VectorError(f"{where}: operations must start with create_cache")
@@ -151,7 +152,7 @@ class _Replay:
                 )
             try:
                 handlers[str(kind)](op)
-            except (KeyError, TypeError, ValueError) as err:
+            except (KeyError, TypeError, ValueError, IndexError, SpecError) as err:
                 raise VectorError(
                     f"{self.vector.dir}: operations[{self.index}] ({kind}): malformed: {err!r}"
                 ) from err
@@ -165,8 +166,16 @@ class _Replay:
         kv = self.vector.array(op["kv"], "kv")
         slots = [int(s) for s in op["slot_mapping"]]
         layer = int(op["layer"])
-        self._call("write_kv", self.backend.write_kv, layer, kv[0], kv[1], slots)
         g = self.vector.backend_geometry
+        row, top = (g.num_kv_heads, g.head_dim), g.num_blocks * g.block_size
+        if not 0 <= layer < g.num_layers:
+            raise ValueError(f"layer {layer} is outside 0..{g.num_layers - 1}")
+        if kv.ndim != 4 or kv.shape[0] != 2 or kv.shape[2:] != row or kv.shape[1] < len(slots):
+            raise ValueError(f"kv has shape {kv.shape}, expected (2, >= {len(slots)}, *{row})")
+        bad = [s for s in slots if not -1 <= s < top]
+        if bad:
+            raise ValueError(f"slot {bad[0]} is outside -1..{top - 1}")
+        self._call("write_kv", self.backend.write_kv, layer, kv[0], kv[1], slots)
         last = (max(slots, default=0) + 1) * g.num_kv_heads * g.head_dim - 1
         self.stats.coverage.note_step(num_seqs=0, decodes=0, max_offset=last)
         for (seq_id, pos), slot in zip(op.get("tokens") or (), slots, strict=False):
@@ -194,6 +203,9 @@ class _Replay:
         query = v.array(op["query"], "query").astype(np.float32)
         expected = v.array(op["expected"], "expected").astype(np.float64)
         batch = _batch(op["batch"])
+        batch.validate(
+            v.backend_geometry.num_blocks
+        )  # a malformed vector is not the backend's fault
         if expected.shape != (2, *query.shape) or query.shape[0] != batch.num_tokens:
             raise VectorError(
                 f"{v.dir}: operations[{self.index}]: query {query.shape} and expected "

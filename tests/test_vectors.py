@@ -202,6 +202,15 @@ def test_check_of_corrupt_vectors(
     tolerance = {**manifest["tolerance"], "ratio": 100.0}
     path.write_text(json.dumps({**manifest, "tolerance": tolerance}))
     _check_error(argv, capsys, "tolerance.ratio")
+    broken = json.loads(good)
+    broken["geometry"]["num_layers"] = 0
+    path.write_text(json.dumps(broken))
+    _check_error(argv, capsys, "num_layers")
+    broken = json.loads(good)
+    attention = next(op for op in broken["operations"] if op["op"] == "attention")
+    attention["batch"]["seq_lens"] = [0] * len(attention["batch"]["seq_lens"])
+    path.write_text(json.dumps(broken))
+    _check_error(argv, capsys, "operations[", "(attention): malformed")
     path.write_text(good)
     array = root / "0000" / manifest["operations"][1]["kv"]
     array.write_bytes(array.read_bytes()[:-4])

@@ -89,3 +89,23 @@ def test_the_c_reader_refuses_what_is_not_a_vector(reader: Path, tmp_path: Path)
     assert done.returncode == 2 and "not a paged-spec-vectors manifest" in done.stderr
     assert _run(reader, []).returncode == 2
     assert _run(reader, [tmp_path / "missing.json"]).returncode == 2
+
+
+@needs_compiler
+def test_the_c_reader_refuses_a_corrupt_vector(
+    reader: Path, exported: Exported, tmp_path: Path
+) -> None:
+    src = manifests(exported.out)[0].parent
+    shutil.copytree(src, tmp_path / "v")
+    manifest = tmp_path / "v" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    array = tmp_path / "v" / data["operations"][1]["kv"]
+    array.write_bytes(array.read_bytes()[:-8])
+    done = _run(reader, [manifest])
+    assert done.returncode == 2 and "data size does not match shape" in done.stderr
+    attention = next(op for op in data["operations"] if op["op"] == "attention")
+    attention["batch"]["group_tables"] = [[[]]]
+    manifest.write_text(json.dumps(data))
+    shutil.copy(src / data["operations"][1]["kv"], array)
+    done = _run(reader, [manifest])
+    assert done.returncode == 2 and "out of range" in done.stderr

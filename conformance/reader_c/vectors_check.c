@@ -48,8 +48,23 @@ static const jnode *field(const jnode *obj, const char *key) {
     if (!n) die("manifest field missing", key);
     return n;
 }
-static long long ival(const jnode *obj, const char *key) { return field(obj, key)->integer; }
-static double dval(const jnode *obj, const char *key) { return field(obj, key)->num; }
+static const jnode *number_of(const jnode *n, const char *what) {
+    if (n->type != J_NUM) die("not a number", what);
+    return n;
+}
+static long long ival(const jnode *obj, const char *key) { return number_of(field(obj, key), key)->integer; }
+static double dval(const jnode *obj, const char *key) { return number_of(field(obj, key), key)->num; }
+static const char *sval(const jnode *obj, const char *key) {
+    const jnode *n = field(obj, key);
+    if (n->type != J_STR) die("not a string", key);
+    return n->str;
+}
+/* Item i of an array, or exit 2 naming the problem: a vector is never trusted to be in range. */
+static const jnode *at(const jnode *arr, long long i) {
+    if (!arr || arr->type != J_ARR) die("expected an array in the manifest", NULL);
+    if (i < 0 || i >= arr->len) die("an index in the manifest is out of range", NULL);
+    return arr->items[i];
+}
 static int isnull(const jnode *n) { return !n || n->type == J_NULL; }
 
 /* ---- .npy: version 1.0, '<f4' or '<f8', C order ------------------------------ */
@@ -146,6 +161,7 @@ static double *block(store *st, int layer, long long blk, int create) {
 }
 
 static double *slot_row(store *st, int layer, long long slot, int which, int create) {
+    if (slot < 0) die("a negative slot where a real one is needed", NULL);
     double *b = block(st, layer, slot / st->B, create);
     return b ? b + (which * st->B + slot % st->B) * st->row : NULL;
 }
@@ -219,8 +235,11 @@ static void attention(vec *v, const jnode *op, int index) {
     long long T = q.shape[0], i, r, k, worst = -1;
     int window = 0, ratio = v->H / v->hkv;
     const jnode *sinks = NULL, *slopes = NULL;
-    if (groups && groups->len) g = (int)groups->items[layer]->integer;
-    tables = field(batch, "group_tables")->items[g];
+    if (q.ndim != 3 || q.shape[1] != v->H || q.shape[2] != v->D || ex.count != 2 * q.count ||
+        q.shape[0] != pos->len)
+        die("query and expected do not match the batch and num_heads", NULL);
+    if (groups && groups->len) g = (int)at(groups, layer)->integer;
+    tables = at(field(batch, "group_tables"), g);
     if (!isnull(var)) {
         if (!isnull(json_get(var, "window"))) window = (int)ival(var, "window");
         if (!isnull(json_get(var, "softcap"))) cap = dval(var, "softcap");
@@ -229,37 +248,38 @@ static void attention(vec *v, const jnode *op, int index) {
     }
     out = calloc((size_t)(T * v->H * v->D), sizeof(double));
     for (i = 0; i + 1 < qsl->len; i++) {
-        const jnode *table = tables->items[i];
-        long long seq_len = field(batch, "seq_lens")->items[i]->integer;
+        const jnode *table = at(tables, i);
+        long long seq_len = at(field(batch, "seq_lens"), i)->integer;
         scores = malloc(sizeof(double) * (size_t)seq_len);
-        for (r = qsl->items[i]->integer; r < qsl->items[i + 1]->integer; r++) {
-            long long p = pos->items[r]->integer, first = window ? p - window + 1 : 0;
+        for (r = at(qsl, i)->integer; r < at(qsl, i + 1)->integer; r++) {
+            long long p = at(pos, r)->integer, first = window ? p - window + 1 : 0;
             if (first < 0) first = 0;
+            if (p >= seq_len) die("a position at or past its sequence's seq_len", NULL);
             for (h = 0; h < v->H; h++) {
                 double m = -HUGE_VAL, total = 0, *o = out + (r * v->H + h) * v->D;
                 const double *qr = q.data + (r * v->H + h) * v->D;
                 int kvh = h / ratio;
                 for (k = first; k <= p; k++) {
-                    long long slot = table->items[k / v->B]->integer * v->B + k % v->B;
+                    long long slot = at(table, k / v->B)->integer * v->B + k % v->B;
                     const double *kr = slot_row(&v->cache, layer, slot, 0, 1) + kvh * v->D;
                     double s = 0;
                     for (d = 0; d < v->D; d++) s += qr[d] * kr[d];
                     if (v->quantized) s *= v->scales[layer][0];
                     s *= scale;
                     if (cap > 0) s = cap * tanh(s / cap);
-                    if (slopes) s += slopes->items[h]->num * (double)(k - p);
+                    if (slopes) s += at(slopes, h)->num * (double)(k - p);
                     scores[k] = s;
                     if (s > m) m = s;
                 }
-                if (sinks && sinks->items[h]->num > m) m = sinks->items[h]->num;
+                if (sinks && at(sinks, h)->num > m) m = at(sinks, h)->num;
                 for (k = first; k <= p; k++) {
-                    long long slot = table->items[k / v->B]->integer * v->B + k % v->B;
+                    long long slot = at(table, k / v->B)->integer * v->B + k % v->B;
                     const double *vr = slot_row(&v->cache, layer, slot, 1, 1) + kvh * v->D;
                     double w = exp(scores[k] - m), vs = v->quantized ? v->scales[layer][1] : 1.0;
                     total += w;
                     for (d = 0; d < v->D; d++) o[d] += w * vs * vr[d];
                 }
-                if (sinks) total += exp(sinks->items[h]->num - m);
+                if (sinks) total += exp(at(sinks, h)->num - m);
                 for (d = 0; d < v->D; d++) o[d] /= total;
             }
         }
@@ -283,10 +303,10 @@ static void attention(vec *v, const jnode *op, int index) {
     }
     if (got_max > v->tol.ratio * ref_max + v->tol.floor_ulps) {
         long long row = worst / ((long long)v->H * v->D), s = 0;
-        while (s + 1 < qsl->len && qsl->items[s + 1]->integer <= row) s++;
+        while (s + 1 < qsl->len && at(qsl, s + 1)->integer <= row) s++;
         printf("FAIL %s: operation %d (attention), step %lld, layer %d, sequence %lld, token %lld, "
                "head %lld: error %.3g ulp > allowed %.3g ulp\n", dir, index, ival(op, "step"), layer,
-               seqs->items[s]->integer, pos->items[row]->integer, worst / v->D % v->H, got_max,
+               at(seqs, s)->integer, at(pos, row)->integer, worst / v->D % v->H, got_max,
                v->tol.ratio * ref_max + v->tol.floor_ulps);
         v->fails++;
     }
@@ -299,14 +319,15 @@ static void read_kv(vec *v, const jnode *op, int index) {
     long long i, n = isnull(blocks) ? v->num_blocks : blocks->len, j;
     if (!isnull(field(op, "update"))) {
         array u = load_npy(field(op, "update"));
+        if (u.count != 2 * slots->len * v->hkv * v->D) die("an update does not match update_slots", NULL);
         for (i = 0; i < slots->len; i++)
             for (which = 0; which < 2; which++)
-                memcpy(slot_row(&v->expect, layer, slots->items[i]->integer, which, 1),
+                memcpy(slot_row(&v->expect, layer, at(slots, i)->integer, which, 1),
                        u.data + (which * slots->len + i) * v->hkv * v->D, sizeof(double) * (size_t)(v->hkv * v->D));
         free(u.data);
     }
     for (i = 0; i < n && !v->fails; i++) {
-        long long blk = isnull(blocks) ? i : blocks->items[i]->integer;
+        long long blk = isnull(blocks) ? i : at(blocks, i)->integer;
         double *want = block(&v->expect, layer, blk, 1), *got = block(&v->cache, layer, blk, 1);
         for (j = 0; j < 2LL * v->B * v->hkv * v->D; j++)
             if (want[j] != got[j] && !(want[j] != want[j] && got[j] != got[j])) {
@@ -332,14 +353,14 @@ static int run_vector(const char *manifest) {
     if (slash) *slash = '\0'; else strcpy(dir, ".");
     v.m = json_parse(text, err, sizeof err);
     if (!v.m) die(err, manifest);
-    if (!json_get(v.m, "format") || strcmp(field(v.m, "format")->str, "paged-spec-vectors") ||
+    if (!json_get(v.m, "format") || strcmp(sval(v.m, "format"), "paged-spec-vectors") ||
         ival(v.m, "version") != 1)
         die("not a paged-spec-vectors manifest of version 1", manifest);
     g = field(v.m, "geometry");
     tol = field(v.m, "tolerance");
-    if (strcmp(field(tol, "rule")->str, "same-precision-ulps")) die("unknown tolerance rule", manifest);
+    if (strcmp(sval(tol, "rule"), "same-precision-ulps")) die("unknown tolerance rule", manifest);
     if (!isnull(field(g, "kv_dtype"))) {
-        const char *name = field(g, "kv_dtype")->str;
+        const char *name = sval(g, "kv_dtype");
         const jnode *scales = field(g, "kv_scales");
         fp8 e4m3 = {3, -6, 448.0}, e5m2 = {2, -14, 57344.0};
         if (!strcmp(name, "fp8_e4m3")) v.fmt = e4m3;
@@ -350,14 +371,14 @@ static int run_vector(const char *manifest) {
         }
         if (scales->len > 4096) die("more than 4096 layers", manifest);
         for (i = 0; i < scales->len; i++) { /* scales are used as float32 values */
-            v.scales[i][0] = (float)scales->items[i]->items[0]->num;
-            v.scales[i][1] = (float)scales->items[i]->items[1]->num;
+            v.scales[i][0] = (float)at(at(scales, i), 0)->num;
+            v.scales[i][1] = (float)at(at(scales, i), 1)->num;
         }
         v.quantized = 1;
     }
     v.layers = (int)ival(g, "num_layers"); v.B = (int)ival(g, "block_size");
     v.hkv = (int)ival(g, "num_kv_heads"); v.D = (int)ival(g, "head_dim");
-    v.H = (int)ival(v.m, "num_heads");
+    v.H = isnull(field(v.m, "num_heads")) ? 0 : (int)ival(v.m, "num_heads"); /* null: no attention */
     v.tol.mant = (int)ival(tol, "mantissa_bits"); v.tol.min_exp = (int)ival(tol, "min_normal_exponent");
     v.tol.mag = dval(tol, "magnitude_floor"); v.tol.ratio = dval(tol, "ratio");
     v.tol.floor_ulps = dval(tol, "floor_ulps"); v.tol.mean_ratio = dval(tol, "mean_ratio");
@@ -367,27 +388,29 @@ static int run_vector(const char *manifest) {
     v.cache.row = v.expect.row = (long long)v.hkv * v.D;
     ops = field(v.m, "operations");
     for (i = 0; i < ops->len && !v.fails; i++) {
-        const jnode *op = ops->items[i];
-        const char *kind = field(op, "op")->str;
+        const jnode *op = at(ops, i);
+        const char *kind = sval(op, "op");
         if (!strcmp(kind, "create_cache")) {
             v.num_blocks = ival(field(op, "geometry"), "num_blocks");
         } else if (!strcmp(kind, "write_kv")) {
             const jnode *slots = field(op, "slot_mapping");
             array kv = load_npy(field(op, "kv"));
             long long j, rows = kv.shape[1], row = v.cache.row;
+            if (kv.ndim != 4 || kv.shape[0] != 2 || kv.shape[2] * kv.shape[3] != row)
+                die("a write_kv array is not [2, rows, H_kv, D]", NULL);
             int layer = (int)ival(op, "layer"), which;
             for (j = 0; j < slots->len && j < rows; j++)
-                if (slots->items[j]->integer >= 0)
+                if (at(slots, j)->integer >= 0)
                     for (which = 0; which < 2; which++)
-                        store_row(&v, layer, slots->items[j]->integer, which, kv.data + (which * rows + j) * row);
+                        store_row(&v, layer, at(slots, j)->integer, which, kv.data + (which * rows + j) * row);
             free(kv.data);
         } else if (!strcmp(kind, "copy_blocks")) {
             const jnode *copies = field(op, "copies");
             int c, layer;
             for (c = 0; c < copies->len; c++)
                 for (layer = 0; layer < v.layers; layer++) {
-                    double *dst = block(&v.cache, layer, copies->items[c]->items[1]->integer, 1);
-                    double *src = block(&v.cache, layer, copies->items[c]->items[0]->integer, 1);
+                    double *dst = block(&v.cache, layer, at(at(copies, c), 1)->integer, 1);
+                    double *src = block(&v.cache, layer, at(at(copies, c), 0)->integer, 1);
                     memcpy(dst, src, sizeof(double) * (size_t)(2 * v.B * v.cache.row));
                 }
         } else if (!strcmp(kind, "attention")) {
