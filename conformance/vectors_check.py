@@ -8,8 +8,10 @@ attention output beside its same-precision reference
 (:func:`conformance.numerics.output_errors`, then
 :func:`~conformance.compare.first_output_difference`); at the end of the
 vector, its mean error and bias (:class:`~conformance.numerics.ExampleMeter`).
-The first difference raises :class:`~conformance.lockstep.ConformanceFailure`
-with the vector and operation named.
+A step's outputs are judged after its reads, as the lockstep judges them (a
+wrong cache is the usual root cause of a wrong output). The first difference
+raises :class:`~conformance.lockstep.ConformanceFailure` with the vector and
+operation named.
 
 A vector the backend's :class:`~spec.backend.Capabilities` do not cover (its
 geometry, a layer's variant, a large pool without ``read_blocks``) is
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -112,6 +114,20 @@ def unsupported(caps: Capabilities, backend: Backend, vector: _Vector) -> str | 
     return None
 
 
+@dataclass(frozen=True)
+class _Judged:
+    """One attention operation's outputs, waiting to be judged after its step's reads."""
+
+    index: int  # of the operation
+    step: int
+    layer: int
+    exact: F64  # the float64 reference, of the rows the backend ran
+    same: F64  # the same-precision reference
+    actual: F64
+    rows: list[tuple[int, int]]  # (sequence, token) of each row
+    path: str | None  # the attention paths the backend reported
+
+
 class _Replay:
     """One vector replayed against one backend; ConformanceFailure at the first difference."""
 
@@ -128,6 +144,7 @@ class _Replay:
         self.owners: dict[int, tuple[int, int]] = {}
         self.image: dict[tuple[int, int], tuple[F64, F64]] = {}
         self.meter = ExampleMeter(vector.dtype)
+        self.pending: list[_Judged] = []  # outputs run, judged after the step's reads
         self.log = [
             "from conformance.vectors_check import replay_vector",
             f"replay_vector(backend, {str(vector.dir.resolve())!r})",
@@ -151,11 +168,14 @@ class _Replay:
                     f"{self.vector.dir}: operations[{self.index}]: unknown op {kind!r}"
                 )
             try:
+                if kind in ("copy_blocks", "finish"):  # a new step: judge the last one's outputs
+                    self._judge()
                 handlers[str(kind)](op)
             except (KeyError, TypeError, ValueError, IndexError, SpecError) as err:
                 raise VectorError(
                     f"{self.vector.dir}: operations[{self.index}] ({kind}): malformed: {err!r}"
                 ) from err
+        self._judge()
 
     # -- operations -------------------------------------------------------------------
 
@@ -237,18 +257,36 @@ class _Replay:
         exact, same = expected[0][rows_of], expected[1][rows_of]
         got_all = np.concatenate(actual)
         path = "; ".join(dict.fromkeys(p for p in paths if p)) or None
-        scale = ulp_scale(exact, v.dtype)
-        errors = output_errors(exact, same, got_all, v.dtype, v.regime, path, scale)
         rows = [
             (batch.seq_ids[i], batch.positions[int(r)]) for i in attended for r in _rows(batch, [i])
         ]
-        diff = first_output_difference(self.step, layer, exact, got_all, errors, rows)
-        if diff is not None:
-            self._raise(diff)
-        self.stats.margins.note_step(errors)
         self.stats.longest = max(self.stats.longest, batch.max_seq_len)
-        self.meter.add(exact, got_all, same, scale[0])
-        self.checks["attention outputs judged against the same-precision reference"] += len(rows)
+        self.pending.append(_Judged(self.index, self.step, layer, exact, same, got_all, rows, path))
+
+    def _judge(self) -> None:
+        """Judge the outputs run since the last judgement: after the step's reads (KV first)."""
+        pending, self.pending = self.pending, []
+        for out in pending:
+            scale = ulp_scale(out.exact, self.vector.dtype)
+            errors = output_errors(
+                out.exact,
+                out.same,
+                out.actual,
+                self.vector.dtype,
+                self.vector.regime,
+                out.path,
+                scale,
+            )
+            diff = first_output_difference(
+                out.step, out.layer, out.exact, out.actual, errors, out.rows
+            )
+            if diff is not None:
+                self._raise(diff, out.index)
+            self.stats.margins.note_step(errors)
+            self.meter.add(out.exact, out.actual, out.same, scale[0])
+            self.checks["attention outputs judged against the same-precision reference"] += len(
+                out.rows
+            )
 
     def _calls(self, batch: BatchMetadata) -> list[list[int]]:
         """The sequences of each call the backend accepts, as the lockstep forms them.
@@ -380,9 +418,10 @@ class _Replay:
     def _fail(self, what: str, detail: str, layer: int | None) -> NoReturn:
         self._raise(Difference(what, self.step, detail, layer=layer))
 
-    def _raise(self, diff: Difference) -> NoReturn:
-        op = self.vector.ops[self.index].get("op")
-        where = f"vector {self.vector.name}, operation {self.index} ({op}): "
+    def _raise(self, diff: Difference, index: int | None = None) -> NoReturn:
+        at = self.index if index is None else index
+        op = self.vector.ops[at].get("op")
+        where = f"vector {self.vector.name}, operation {at} ({op}): "
         raise ConformanceFailure(replace(diff, detail=where + diff.detail), self.log)
 
 
