@@ -12,11 +12,13 @@ import json
 import os
 import shlex
 import xml.etree.ElementTree as ET
-from dataclasses import asdict
+from collections.abc import Set as AbstractSet
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from conformance.runner import PROFILES, RunResult
+from spec.backend import Capabilities
 
 
 def portable_ref(ref: str) -> str:
@@ -230,11 +232,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
             "example_lean_ulps": dict(sorted(s.margins.lean.items())),
         },
         "skipped": _skips(result),
-        "capabilities": {
-            "name": result.capabilities.name,
-            "device": result.capabilities.device,
-            "dtypes": sorted(result.capabilities.dtypes),
-        },
+        "capabilities": _capabilities(result.capabilities),
         "failure": None
         if result.difference is None
         else {
@@ -253,6 +251,19 @@ def json_report(result: RunResult) -> dict[str, Any]:
             "diagnostics": list(result.diagnostics),
         },
     }
+
+
+def _capabilities(caps: Capabilities) -> dict[str, Any]:
+    """Every declared field (sets sorted, ``None`` for "any"); the excludes hook by presence."""
+    out: dict[str, Any] = {}
+    for f in fields(caps):
+        value = getattr(caps, f.name)
+        if f.name == "excludes":
+            value = value is not None
+        elif isinstance(value, AbstractSet):
+            value = sorted(value)
+        out[f.name] = value
+    return out
 
 
 def write_json(result: RunResult, path: Path) -> None:
