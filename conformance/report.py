@@ -178,7 +178,7 @@ def _bounds_lines(result: RunResult) -> list[str]:
     if result.bounds is None:
         return [f"  bounds check ({mode}): the run ended before the checker's summary"]
     first, *notes = result.bounds.lines()
-    lines = [f"  {first} (over every example run, shrinking included)", *(f"  {n}" for n in notes)]
+    lines = [f"  {first} (in every example run, replays included)", *(f"  {n}" for n in notes)]
     if result.difference is not None and result.difference.what == "bounds":
         lines.append(f"  the contract (spec.batch.PADDING_RULE): {CONTRACT}")
     return lines

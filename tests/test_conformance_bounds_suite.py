@@ -35,6 +35,7 @@ from conformance.testing import _merge
 from conformance.workload import WorkloadConfig
 from spec.backend import Backend, KVGeometry, ReferenceBackend
 from spec.batch import PADDING_RULE
+from tools import bench_bounds
 
 pytestmark = pytest.mark.skipif(
     not interpreting(), reason="the bounds checker needs TRITON_INTERPRET=1 (a CPU run)"
@@ -202,3 +203,15 @@ def test_a_backend_without_triton_kernels_is_refused_after_its_first_example(
     assert "launched no Triton kernel under the interpreter" in err
     with pytest.raises(SetupError, match="nothing could be checked"):
         _short_run(ReferenceBackend(), "reference", "strict", ("short",))
+
+
+def test_the_suite_benchmark_prints_each_mode_against_the_unchecked_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bench_bounds.main(["--suite", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("the suite on the Triton backend: ")
+    assert [line.split()[0] for line in lines[1:]] == ["unchecked", "default", "strict"]
+    assert "1.00x unchecked" in lines[1] and "0 violations" in lines[3]
+    with pytest.raises(SystemExit):
+        bench_bounds.main(["--suite", "0"])
