@@ -676,8 +676,11 @@ def _bounds_detail(seen: Watched) -> str:
     >>> from conformance.bounds import Violation
     >>> v = Violation("attention", 0, "k", 1, "load", "outside", "t", "int32 [2]", False,
     ...               2, 1, 1, 1, (0,))
-    >>> _bounds_detail(Watched("attention", 0, violations=[v, v]))[:60]
-    'a kernel accessed memory it may not (bounds check): attention'
+    >>> detail = _bounds_detail(Watched("attention", 0, violations=[v, v]))
+    >>> detail.split(": ")[0]
+    'a kernel accessed memory it may not (bounds check)'
+    >>> detail.split("; ")[-1]
+    'first by program (0,): element 2, 1 past the end (worst 1) (and 1 more violation in this call)'
     """
     first, more = seen.violations[0], len(seen.violations) - 1
     tail = f" (and {more} more violation{'s' if more > 1 else ''} in this call)" if more else ""
