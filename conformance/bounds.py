@@ -44,9 +44,9 @@ The hooks are process-wide, as the interpreter is: one ``watch`` at a time
 (nesting raises), and no interpreted launches in other threads meanwhile.
 
 In the suite (``python -m conformance run --check-bounds [default|strict]``),
-:class:`~conformance.lockstep.Lockstep` watches every backend call that
-launches kernels (``write_kv``, ``copy_blocks``, ``attention``), and a call
-with a violation is a conformance failure of kind ``"bounds"``; what a run
+:class:`~conformance.lockstep.Lockstep` watches every backend call that may
+launch kernels (the cache's creation, writes, copies and reads, and
+attention), and a call with a violation is a conformance failure of kind ``"bounds"``; what a run
 checked is its :class:`BoundsReport`. :func:`unusable` says why a process
 cannot be checked at all (the run then refuses to start).
 

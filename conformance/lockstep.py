@@ -29,9 +29,9 @@ copied into, and their neighbours), and whole every :data:`SWEEP_EVERY` steps
 and at :meth:`Lockstep.finish`, so a stray write anywhere is still caught.
 
 With a :class:`~conformance.bounds.BoundsChecker` (``bounds=``), every backend
-call that launches kernels (``write_kv``, ``copy_blocks``, ``attention``) runs
-inside its ``watch``, and a call in which a kernel accessed memory outside
-what :data:`spec.batch.PADDING_RULE` allows fails as kind ``"bounds"``, before
+call that may launch kernels (:data:`BOUNDS_CHECKED`) runs inside its
+``watch``, and a call in which a kernel accessed memory outside what
+:data:`spec.batch.PADDING_RULE` allows fails as kind ``"bounds"``, before
 anything the call returned is compared: a refused access makes the outputs
 meaningless.
 
@@ -106,8 +106,16 @@ WHOLE_POOL_SLOTS = 4096
 """Pools of at most this many slots are compared whole after every step."""
 SWEEP_EVERY = 8
 """Larger pools are compared whole every this many steps (and at the end)."""
-BOUNDS_CHECKED = ("write_kv", "copy_blocks", "attention")
-"""The backend calls that launch kernels: those a bounds checker watches."""
+BOUNDS_CHECKED = (
+    "create_cache",
+    "write_kv",
+    "copy_blocks",
+    "attention",
+    "read_cache",
+    "read_blocks",
+)
+"""The backend calls that may launch kernels: those a bounds checker watches (all but the
+capabilities and ``attention_path``, which only describe the backend)."""
 
 
 class ConformanceFailure(AssertionError):

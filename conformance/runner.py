@@ -447,9 +447,9 @@ def _run_pass(
         result.stopped = "time budget"
     except _NothingChecked:
         raise SetupError(
-            "--check-bounds: the first example's write_kv, copy_blocks and attention calls "
-            "launched no Triton kernel under the interpreter, so nothing could be checked "
-            f"(only interpreted Triton launches are); {GPU_NOTE}"
+            "--check-bounds: the first example's backend calls (the cache's creation, writes, "
+            "copies and reads, and attention) launched no Triton kernel under the interpreter, "
+            f"so nothing could be checked (only interpreted Triton launches are); {GPU_NOTE}"
         ) from None
     except CallTimeout:
         _record_hang(result, watch)

@@ -199,7 +199,7 @@ def test_a_backend_without_triton_kernels_is_refused_after_its_first_example(
     argv = ["run", "--backend", "reference", "--check-bounds", *SMALL, "--in-process"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "setup error: --check-bounds: the first example's write_kv" in err
+    assert "setup error: --check-bounds: the first example's backend calls" in err
     assert "launched no Triton kernel under the interpreter" in err
     with pytest.raises(SetupError, match="nothing could be checked"):
         _short_run(ReferenceBackend(), "reference", "strict", ("short",))
