@@ -271,6 +271,7 @@ class BoundsReport:
     notes: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
+        """The summary, then each note: what a report prints under the run's settings."""
         return [self.summary, *(f"note: {n}" for n in self.notes)]
 
     def to_json(self) -> dict[str, Any]:

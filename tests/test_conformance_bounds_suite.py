@@ -174,6 +174,11 @@ def test_a_bad_mode_is_a_usage_error_naming_the_choices(
         RunControl(check_bounds="loose")
     with pytest.raises(SetupError, match="PAGED_SPEC_CHECK_BOUNDS='loose'"):
         environment_options({"PAGED_SPEC_CHECK_BOUNDS": "loose"})
+    with pytest.raises(ValueError, match="bounds-check mode 'loose': choose from default, strict"):
+        BoundsChecker.for_mode("loose")
+    with pytest.raises(TypeError, match="takes a bool"):
+        BoundsChecker(strict="strict")  # type: ignore[arg-type]
+    assert repr(BoundsChecker.for_mode("strict")) == "BoundsChecker(strict=True)"
 
 
 @pytest.mark.parametrize(
