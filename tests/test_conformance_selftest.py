@@ -24,6 +24,8 @@ def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
     assert f"caught {len(PLANTED)}/{len(PLANTED)}" in done.stdout
     assert "MISSED" not in done.stdout and "false alarm" not in done.stdout
     assert "correct backend numpy: passes" in done.stdout
+    assert "correct backend triton --check-bounds strict: passes" in done.stdout
+    assert "bounds check: caught 2/2" in done.stdout
 
 
 def test_there_are_at_least_ten_distinct_planted_bugs() -> None:
