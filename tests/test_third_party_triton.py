@@ -1,0 +1,106 @@
+"""An outside project's Triton kernels (``tests/third_party_triton/``) conform via an adapter.
+
+``docs/plugging-in.md`` walks through this adapter and shows a full CLI run;
+here the same backend runs a short lockstep pass in-process, and its declared
+limits are checked against the GPU compiler: the ``excludes`` hook says head
+dim 8 runs only in float32 because an fp16 ``tl.dot`` with an inner dimension
+under 16 does not compile for sm_90, which the interpreter would never show.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conformance import load_backend, run_suite
+from spec.backend import KVGeometry
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = "tests/third_party_triton/adapter.py:make_backend"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU path needs TRITON_INTERPRET=1")
+def test_the_adapter_conforms_decode_only_with_the_rest_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    backend = load_backend(REF)
+    result = run_suite(backend, REF, run_seed=3, database=None, max_examples=4, passes=("short",))
+    assert result.passed, result.failure
+    skipped = "\n".join(result.skipped)
+    assert "dtype bfloat16: not in the backend capabilities" in skipped
+    assert "max_query_len is 1 (decode-only)" in skipped
+    assert "excluded by the backend: head dim 8 in float16" in skipped
+
+
+def test_the_excludes_hook_vetoes_small_head_dims_outside_fp32() -> None:
+    caps = load_backend(REF).capabilities
+    g = KVGeometry(num_layers=1, num_blocks=4, block_size=4, num_kv_heads=1, head_dim=8)
+    assert caps.unsupported(g, 2) == []
+    half = KVGeometry(1, 4, 4, 1, 8, dtype="float16")
+    assert caps.unsupported(half, 2) == ["head dim 8 in float16 (tl.dot needs K >= 16 on a GPU)"]
+    assert caps.unsupported(KVGeometry(1, 4, 4, 1, 16, dtype="float16"), 2) == []
+
+
+_PROBE = textwrap.dedent(
+    """
+    import sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sys.path.insert(0, "tests/third_party_triton")
+    import their_kernels as tk
+
+    def signature(fn, dtype):
+        sig = {}
+        for p in fn.params:
+            if p.is_constexpr:
+                sig[p.name] = "constexpr"
+            elif p.name in ("block_table_ptr", "seq_lens_ptr", "slots_ptr"):
+                sig[p.name] = "*i32"
+            elif p.name.endswith("_ptr"):
+                sig[p.name] = "*" + dtype
+            else:
+                sig[p.name] = "fp32" if p.name == "sm_scale" else "i32"
+        return sig
+
+    def compiles(fn, dtype, **consts):
+        try:
+            triton.compile(ASTSource(fn, signature(fn, dtype), consts),
+                           target=GPUTarget("cuda", 90, 32))
+            return "ok"
+        except Exception as err:
+            return str(err).strip().splitlines()[-1]
+
+    for dtype, hd in (("fp16", 8), ("fp32", 8), ("fp16", 16), ("bf16", 128), ("fp32", 256)):
+        hp = 1 << (hd - 1).bit_length()
+        print(f"{dtype}/{hd}:", compiles(tk._paged_decode_kernel, dtype, GROUP=4, GROUP_PAD=16,
+                                  HEAD_DIM=hd, HEAD_PAD=hp, LOG2_PAGE=4, TILE=64,
+                                  IEEE=dtype == "fp32"))
+    print("store:", compiles(tk._store_kv_kernel, "bf16", ROW=1024, ROW_PAD=1024, TOKENS=4))
+    """
+)
+
+
+def test_the_declared_limits_are_the_gpu_compilers() -> None:
+    """Compiled for sm_90 with the interpreter off: fp16 head dim 8 fails, fp32 compiles."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = dict(line.split(": ", 1) for line in run.stdout.splitlines() if ": " in line)
+    assert "K >= 16" in got.pop("fp16/8"), got  # what the excludes hook says, and why
+    assert got == dict.fromkeys(["fp32/8", "fp16/16", "bf16/128", "fp32/256", "store"], "ok")
