@@ -32,7 +32,7 @@ def test_the_adapter_conforms_decode_only_with_the_rest_skipped(
     monkeypatch.chdir(ROOT)
     backend = load_backend(REF)
     result = run_suite(backend, REF, run_seed=3, database=None, max_examples=4, passes=("short",))
-    assert result.passed, result.failure
+    assert result.passed, result.difference
     skipped = "\n".join(result.skipped)
     assert "dtype bfloat16: not in the backend capabilities" in skipped
     assert "max_query_len is 1 (decode-only)" in skipped
