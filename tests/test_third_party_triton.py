@@ -104,3 +104,47 @@ def test_the_declared_limits_are_the_gpu_compilers() -> None:
     got = dict(line.split(": ", 1) for line in run.stdout.splitlines() if ": " in line)
     assert "K >= 16" in got.pop("fp16/8"), got  # what the excludes hook says, and why
     assert got == dict.fromkeys(["fp32/8", "fp16/16", "bf16/128", "fp32/256", "store"], "ok")
+
+
+_LATE = {
+    "helper_mod.py": "import triton\n\n@triton.jit\ndef twice(x):\n    return 2 * x\n",
+    "kernel_mod.py": (
+        "import triton\nimport triton.language as tl\nfrom helper_mod import twice\n\n"
+        "@triton.jit\ndef kernel(x_ptr):\n    i = tl.arange(0, 4)\n"
+        "    tl.store(x_ptr + i, twice(tl.load(x_ptr + i)))\n"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("before", "message"),
+    [
+        ("import kernel_mod", "active drivers"),  # every kernel defined before: GPU kernels
+        ("import helper_mod", "Cannot call @triton.jit'd outside of the scope of a kernel"),
+    ],
+)
+def test_triton_interpret_set_late_fails_as_the_page_says(
+    tmp_path: Path, before: str, message: str
+) -> None:
+    """docs/plugging-in.md quotes these two errors (the first only where there is no GPU)."""
+    torch = pytest.importorskip("torch")
+    if "active drivers" in message and torch.cuda.is_available():
+        pytest.skip("a GPU is present: kernels defined before the variable are its kernels")
+    for name, text in _LATE.items():
+        (tmp_path / name).write_text(text)
+    script = (
+        f"import os, torch\n{before}\nos.environ['TRITON_INTERPRET'] = '1'\n"
+        "import kernel_mod\nkernel_mod.kernel[(1,)](torch.ones(4))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
