@@ -9,6 +9,7 @@ under 16 does not compile for sm_90, which the interpreter would never show.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -148,3 +149,28 @@ def test_triton_interpret_set_late_fails_as_the_page_says(
         check=False,
     )
     assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="a claim about the CPU interpreter")
+def test_bfloat16_is_wrong_under_the_interpreter_so_the_adapter_leaves_it_out() -> None:
+    """float16 is right to its precision; the same bfloat16 launch is off by orders."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "third_party_triton"))
+    their_kernels = importlib.import_module("their_kernels")
+
+    errors = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        gen = torch.Generator().manual_seed(0)
+        k, v = (torch.randn(4, 16, 1, 32, generator=gen).to(dtype) for _ in range(2))
+        q = torch.randn(1, 2, 32, generator=gen).to(dtype)
+        out = torch.empty_like(q)
+        table = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32)
+        their_kernels.paged_decode(out, q, k, v, table, torch.tensor([50], dtype=torch.int32), 0.2)
+        keys = k[table[0].long()].reshape(-1, 32)[:50].float()
+        values = v[table[0].long()].reshape(-1, 32)[:50].float()
+        weights = (q[0].float() @ keys.T * 0.2).softmax(-1)
+        errors[dtype] = float((out[0].float() - weights @ values).abs().max())
+    assert errors[torch.float16] < 2e-3, errors
+    assert errors[torch.bfloat16] > 1.0, errors
+    assert "bfloat16" not in load_backend(REF).capabilities.dtypes
