@@ -135,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--num-blocks {args.num_blocks} x --block-size {args.block_size}: {e}")
     report(f"continuous batching on {args.backend}", engine)
     if args.baseline:
-        report(
-            "static batching", run(backend, StaticScheduler, config, model, requests, arrivals)
-        )
+        report("static batching", run(backend, StaticScheduler, config, model, requests, arrivals))
 
     same = 0
     for r in requests:
