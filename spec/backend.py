@@ -74,7 +74,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5
 
 TENSOR_KINDS = ("numpy", "torch")
 """How arrays cross the boundary: numpy on the host (the default), or torch tensors on the
-backend's device (the device-resident contract, see docs/plugging-in.md)."""
+backend's device (the device-resident contract: see :class:`Backend`)."""
 
 
 @dataclass(frozen=True)

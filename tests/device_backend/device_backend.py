@@ -47,8 +47,10 @@ class DeviceBackend:
         g = geometry
         shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
         dtype = DTYPES[g.dtype]
-        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(g.num_layers)]
-        self.v = [torch.zeros_like(k) for k in self.k]
+        # uninitialised, as an engine allocates it: untouched pages of a pool past 2^31
+        # elements (the suite's large-pool pass) then cost no memory
+        self.k = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(g.num_layers)]
+        self.v = [torch.empty_like(k) for k in self.k]
 
     def write_kv(
         self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
