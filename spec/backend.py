@@ -8,11 +8,12 @@ party's backend are interchangeable under the conformance suite and the engine.
 
 Arrays cross the boundary as numpy ``float32`` (or ``float64``) so that a
 backend in any framework can plug in (the default contract; a torch backend
-may declare the device-resident one instead: see :class:`Backend`). Values handed to a backend are already
-representable in its activation dtype (the caller rounds them), so writing then
-reading back an unquantized cache must return them bit for bit; an fp8 cache
-stores what :func:`spec.quant.quantize` gives, and reading back returns those
-stored fp8 values (not multiplied by the scale). A backend keeps its cache in
+may declare the device-resident one instead: see :class:`Backend`). Values
+handed to a backend are already representable in its activation dtype (the
+caller rounds them), so writing then reading back an unquantized cache must
+return them bit for bit; an fp8 cache stores what :func:`spec.quant.quantize`
+gives, and reading back returns those stored fp8 values (not multiplied by
+the scale). A backend keeps its cache in
 the layout ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer, for
 K and for V, or converts to it in :meth:`Backend.read_cache`.
 
