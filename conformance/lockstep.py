@@ -27,6 +27,9 @@ Pools of up to :data:`WHOLE_POOL_SLOTS` slots are compared whole after every
 step. Larger ones are compared where the step wrote (the blocks written or
 copied into, and their neighbours), and whole every :data:`SWEEP_EVERY` steps
 and at :meth:`Lockstep.finish`, so a stray write anywhere is still caught.
+A backend under the device-resident contract (``tensors="torch"``) is handed
+the same operations as tensors on its device (:mod:`conformance.device_contract`)
+and compared as a larger pool is, so that only what is compared crosses back.
 
 Each operation is also logged as a line of Python, so that a failing workload
 replays as a plain script (see :mod:`conformance.report`):
