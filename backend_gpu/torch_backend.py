@@ -8,7 +8,10 @@ window a mask, a sink one more column of the softmax that is dropped after it.
 An fp8 cache is written with torch's own fp8 cast (round to nearest even)
 after a float32 division and a clamp, and read as ``stored.float() * scale``.
 Slow but obviously right, on CPU or any GPU, and a check on the Triton kernels
-that shares none of their code.
+that shares none of their arithmetic. It does share code with them around it:
+the cache plumbing in :mod:`backend_gpu._cache` (which takes the fp8 dtype
+table ``FP8_TORCH`` from ``backend_gpu/kernels/_fp8.py``) and the copy-list
+check ``independent_copies`` from ``backend_gpu/kernels/_checks.py``.
 
 :func:`make_device_backend` builds the same backend under the device-resident
 contract (``tensors="torch"``, :mod:`spec.backend`): it takes tensors on its

@@ -21,6 +21,7 @@ from conformance.control import (
     DEFAULT_CALL_TIMEOUT_S,
     RunControl,
     at_least,
+    bounds_mode,
     seconds,
     timeout_seconds,
 )
@@ -76,6 +77,7 @@ def _control(args: argparse.Namespace) -> RunControl:
         long_examples=args.long_examples,
         time_budget_s=args.time_budget,
         call_timeout_s=args.call_timeout or None,
+        check_bounds=args.check_bounds,
     )
 
 
@@ -211,6 +213,16 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_CALL_TIMEOUT_S,
         metavar="SECONDS",
         help=f"a call taking longer is a hang (default {DEFAULT_CALL_TIMEOUT_S:g}; 0: no limit)",
+    )
+    run.add_argument(
+        "--check-bounds",
+        type=_argtype(bounds_mode),
+        nargs="?",
+        const="default",
+        metavar="{default,strict}",
+        help="check every memory access of the backend's Triton kernels under TRITON_INTERPRET "
+        "(default: outside the launch's tensors; strict: block-table padding reads too); "
+        "see docs/bounds-checking.md",
     )
     run.add_argument(
         "--in-process",

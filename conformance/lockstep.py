@@ -31,6 +31,13 @@ A backend under the device-resident contract (``tensors="torch"``) is handed
 the same operations as tensors on its device (:mod:`conformance.device_contract`)
 and compared as a larger pool is, so that only what is compared crosses back.
 
+With a :class:`~conformance.bounds.BoundsChecker` (``bounds=``), every backend
+call that may launch kernels (:data:`BOUNDS_CHECKED`) runs inside its
+``watch``, and a call in which a kernel accessed memory outside what
+:data:`spec.batch.PADDING_RULE` allows fails as kind ``"bounds"``, before
+anything the call returned is compared: a refused access makes the outputs
+meaningless.
+
 Each operation is also logged as a line of Python, so that a failing workload
 replays as a plain script (see :mod:`conformance.report`):
 
@@ -51,13 +58,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import NoReturn, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from conformance.bounds import BoundsChecker, Watched
 from conformance.compare import (
     Difference,
     example_difference,
@@ -107,6 +115,16 @@ WHOLE_POOL_SLOTS = 4096
 """Pools of at most this many slots are compared whole after every step."""
 SWEEP_EVERY = 8
 """Larger pools are compared whole every this many steps (and at the end)."""
+BOUNDS_CHECKED = (
+    "create_cache",
+    "write_kv",
+    "copy_blocks",
+    "attention",
+    "read_cache",
+    "read_blocks",
+)
+"""The backend calls that may launch kernels: those a bounds checker watches (all but the
+capabilities and ``attention_path``, which only describe the backend)."""
 
 
 class ConformanceFailure(AssertionError):
@@ -132,9 +150,11 @@ class Lockstep:
         coverage: Coverage | None = None,
         margins: Margins | None = None,
         whole_pool_slots: int = WHOLE_POOL_SLOTS,
+        bounds: BoundsChecker | None = None,
     ) -> None:
         g = config.geometry
         self.backend = backend
+        self.bounds = bounds
         self.guard = CallGuard() if guard is None else guard
         self.config = config
         self.base = config.block_base
@@ -148,7 +168,8 @@ class Lockstep:
         self.coverage = Coverage() if coverage is None else coverage
         self.margins = Margins() if margins is None else margins
         self.step_index = 0
-        self.log = [f"ls = Lockstep(backend, {config!r})"]
+        checked = "" if bounds is None else f", bounds={bounds!r}"  # replays check the same
+        self.log = [f"ls = Lockstep(backend, {config!r}{checked})"]
         self._truth = SequenceTruth(self.truth)
         self._whole = g.num_blocks * g.block_size <= whole_pool_slots
         self._same = same_precision(g.dtype, g.kv_dtype is not None)
@@ -683,11 +704,30 @@ class Lockstep:
         self.coverage.note_step(num_seqs=0, decodes=0, max_offset=last)
 
     def _call(self, what: str, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
-        """One backend call, through the guard (:mod:`conformance.guard`)."""
-        try:
-            return self.guard.call(what, fn, *args, **kwargs)
-        except BackendFault as fault:
+        """One backend call, through the guard (:mod:`conformance.guard`) and the bounds check.
+
+        A bounds violation is reported before a fault of the same call: a
+        refused access may be what made the backend raise.
+        """
+        fault: BackendFault | None = None
+        with self._watch(what, args) as seen:
+            try:
+                result = self.guard.call(what, fn, *args, **kwargs)
+            except BackendFault as err:
+                fault = err
+        if seen is not None and seen.violations:
+            self._fail("bounds", _bounds_detail(seen), layer=seen.layer)
+        if fault is not None:
             self._fail(fault.kind, fault.detail, layer=fault.layer)
+        return result
+
+    def _watch(self, what: str, args: tuple[object, ...]) -> AbstractContextManager[Watched | None]:
+        """The bounds checker's watch over a call that launches kernels; else nothing."""
+        if self.bounds is None or what not in BOUNDS_CHECKED:
+            return nullcontext()
+        layer = args[0] if what != "copy_blocks" and isinstance(args[0], int) else None
+        batch = args[2] if what == "attention" and isinstance(args[2], BatchMetadata) else None
+        return self.bounds.watch(what, layer, batch)
 
     def _named(self, diff: Difference, layer: int) -> Difference:
         """``diff`` with the layer's attention variant and KV dtype (and fp8 scales) named."""
@@ -713,6 +753,23 @@ def _memory(g: KVGeometry) -> KVMemory:
         kv_dtype=g.kv_dtype,
         kv_scales=g.kv_scales,
     )
+
+
+def _bounds_detail(seen: Watched) -> str:
+    """A bounds failure's detail: the call's first violation, and how many more it had.
+
+    >>> from conformance.bounds import Violation
+    >>> v = Violation("attention", 0, "k", 1, "load", "outside", "t", "int32 [2]", False,
+    ...               2, 1, 1, 1, (0,))
+    >>> detail = _bounds_detail(Watched("attention", 0, violations=[v, v]))
+    >>> detail.split(": ")[0]
+    'a kernel accessed memory it may not (bounds check)'
+    >>> detail.split("; ")[-1]
+    'first by program (0,): element 2, 1 past the end (worst 1) (and 1 more violation in this call)'
+    """
+    first, more = seen.violations[0], len(seen.violations) - 1
+    tail = f" (and {more} more violation{'s' if more > 1 else ''} in this call)" if more else ""
+    return f"a kernel accessed memory it may not (bounds check): {first.describe()}{tail}"
 
 
 def _generic(why: str) -> str:
