@@ -27,6 +27,9 @@ Pools of up to :data:`WHOLE_POOL_SLOTS` slots are compared whole after every
 step. Larger ones are compared where the step wrote (the blocks written or
 copied into, and their neighbours), and whole every :data:`SWEEP_EVERY` steps
 and at :meth:`Lockstep.finish`, so a stray write anywhere is still caught.
+A backend under the device-resident contract (``tensors="torch"``) is handed
+the same operations as tensors on its device (:mod:`conformance.device_contract`)
+and compared as a larger pool is, so that only what is compared crosses back.
 
 With a :class:`~conformance.bounds.BoundsChecker` (``bounds=``), every backend
 call that may launch kernels (:data:`BOUNDS_CHECKED`) runs inside its
@@ -54,7 +57,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import NoReturn, TypeVar
@@ -70,6 +73,12 @@ from conformance.compare import (
     first_output_difference,
 )
 from conformance.coverage import Coverage
+from conformance.device_contract import (
+    ContractMismatch,
+    DeviceContract,
+    setup_problem,
+    uses_device_contract,
+)
 from conformance.dtypes import F64, round_to
 from conformance.guard import BackendFault, CallGuard
 from conformance.numerics import (
@@ -171,6 +180,7 @@ class Lockstep:
         self._read_blocks = getattr(backend, "read_blocks", None)
         if self.base and self._read_blocks is None:
             raise ValueError("a large pool needs the backend's read_blocks(layer, blocks)")
+        self._device = self._device_contract()
         ratio = config.num_heads // g.num_kv_heads
         self.coverage.note_shape(
             head_dim=g.head_dim,
@@ -408,12 +418,10 @@ class Lockstep:
         for layer in range(g.num_layers):
             k, v = background(self.config, layer)
             gk, gv = guard_background(self.config, layer, len(guard_slots))
-            self._call(
-                "write_kv",
-                self.backend.write_kv,
+            self._write_kv(
                 layer,
-                _f32(np.concatenate([k, gk])),
-                _f32(np.concatenate([v, gv])),
+                np.concatenate([k, gk]),
+                np.concatenate([v, gv]),
                 self._shift_slots(slots) + guard_slots,
             )
             self.memory.write(layer, k, v, slots)
@@ -469,14 +477,7 @@ class Lockstep:
         junk = padding_rows(c, self.step_index, layer, pad + 1)
         group = c.geometry.group_of(layer)
         slots = self._shift_slots(batch.slots(group)) + [PAD_SLOT] * pad
-        self._call(
-            "write_kv",
-            self.backend.write_kv,
-            layer,
-            _f32(np.concatenate([key, junk])),
-            _f32(np.concatenate([value, -junk])),
-            slots,
-        )
+        self._write_kv(layer, np.concatenate([key, junk]), np.concatenate([value, -junk]), slots)
         self.memory.write(layer, key, value, batch.slots(group))
         self._note_offset(max(slots))
         query = queries(c, self.step_index, layer, batch.num_tokens)
@@ -485,23 +486,10 @@ class Lockstep:
         actual, paths = [], []
         for call in calls:
             sub = _sub_batch(batch, call)
-            q = query[_rows(batch, call)]
-            out = self._call(
-                "attention",
-                self.backend.attention,
-                layer,
-                _f32(q),
-                self._view(sub),
-                c.scale,
-                **extra,
+            rows = _rows(batch, call)
+            out = self._attention(
+                layer, query[rows], self._view(sub), (key[rows], value[rows]), extra
             )
-            out = _f64(out)
-            if out.shape != q.shape:
-                self._fail(
-                    "shape",
-                    f"attention returned shape {out.shape}, expected {q.shape}",
-                    layer=layer,
-                )
             actual.append(out)
             paths.append(self._path())
             decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
@@ -566,6 +554,8 @@ class Lockstep:
         """
         g = self.backend_geometry
         ids = blocks if backend_ids else [b + self.base for b in blocks]
+        if self._device is not None:
+            return self._read_device(layer, ids)
         whole = not self.base and len(ids) == g.num_blocks and not backend_ids
         if self._read_blocks is not None and not whole:
             got = self._call("read_blocks", self._read_blocks, layer, ids)
@@ -588,6 +578,93 @@ class Lockstep:
                 )
             out.append(x)
         return out[0], out[1]
+
+    # -- the contract's calls: numpy, or device-resident (conformance/device_contract.py) --
+
+    def _device_contract(self) -> DeviceContract | None:
+        """The device contract's converter when the backend declares it; its checks first.
+
+        Under it the suite reads back only what it compares: the blocks each step
+        wrote or copied into (and their neighbours), the whole pool every
+        :data:`SWEEP_EVERY` steps and at :meth:`finish`, as for a large pool.
+        """
+        if not uses_device_contract(self.caps):
+            return None
+        problem = setup_problem(self.backend, self.caps)
+        if problem:
+            raise ValueError(f"{self.caps.name}: {problem}")
+        self._whole = False
+        return DeviceContract(self.caps, self.backend_geometry)
+
+    def _write_kv(self, layer: int, key: F64, value: F64, slots: list[int]) -> None:
+        """One ``write_kv`` in the backend's contract: float32 arrays, or device tensors."""
+        dc = self._device
+        if dc is None:
+            self._call("write_kv", self.backend.write_kv, layer, _f32(key), _f32(value), slots)
+            return
+        handed: dict[str, object] = {
+            "key": dc.activations(key),
+            "value": dc.activations(value),
+            "slot_mapping": dc.slots(self.step_index, slots),
+        }
+        self._call("write_kv", self.backend.write_kv, layer, *handed.values())
+        self._unchanged("write_kv", handed, layer)
+
+    def _attention(
+        self,
+        layer: int,
+        query: F64,
+        batch: BatchMetadata,
+        new_kv: tuple[F64, F64],
+        extra: Mapping[str, object],
+    ) -> F64:
+        """One ``attention`` call in the backend's contract; its output checked, as float64.
+
+        Under the device contract it also gets the batch's device arrays and the
+        call's new K and V (``arrays=``, ``key=``, ``value=``).
+        """
+        dc, scale = self._device, self.config.scale
+        if dc is None:
+            got = self._call(
+                "attention", self.backend.attention, layer, _f32(query), batch, scale, **extra
+            )
+            out = _f64(got)
+            if out.shape != query.shape:
+                self._fail(
+                    "shape", f"attention returned shape {out.shape}, expected {query.shape}", layer
+                )
+            return out
+        q = dc.activations(query)
+        handed: dict[str, object] = {
+            "arrays": dc.metadata(self.step_index, batch),
+            "key": dc.activations(new_kv[0]),
+            "value": dc.activations(new_kv[1]),
+        }
+        got = self._call(
+            "attention", self.backend.attention, layer, q, batch, scale, **handed, **extra
+        )
+        self._unchanged("attention", {"query": q, **handed}, layer)
+        try:
+            return dc.output("attention", got, query.shape)
+        except ContractMismatch as err:
+            self._fail("shape", str(err), layer=layer)
+
+    def _read_device(self, layer: int, ids: list[int]) -> tuple[F64, F64]:
+        """Backend blocks ``ids`` through ``read_blocks``, checked, as float64 on the host."""
+        assert self._device is not None and self._read_blocks is not None
+        g = self.backend_geometry
+        got = self._call("read_blocks", self._read_blocks, layer, ids)
+        shape = (len(ids), g.block_size, g.num_kv_heads, g.head_dim)
+        try:
+            return self._device.blocks(f"read_blocks({layer}, ...)", got, shape)
+        except ContractMismatch as err:
+            self._fail("shape", str(err), layer=layer)
+
+    def _unchanged(self, what: str, handed: dict[str, object], layer: int) -> None:
+        assert self._device is not None
+        problem = self._device.changed(what, handed)
+        if problem:
+            self._fail("input", problem, layer=layer)
 
     def _shift_slots(self, slots: Sequence[int]) -> list[int]:
         shift = self.base * self.config.geometry.block_size

@@ -240,7 +240,7 @@ class TableAdapterBackend(TritonBackend):
     def capabilities(self) -> Capabilities:
         return Capabilities(name=type(self).__name__, dtypes=frozenset({"float32"}))
 
-    def attention(
+    def attention(  # type: ignore[override]  # the numpy contract only (never tensors="torch")
         self,
         layer: int,
         query: FloatArray,
