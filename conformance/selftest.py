@@ -5,8 +5,10 @@ what is tested here; shrinking is tested in the project's own tests), against
 each backend of :data:`conformance.planted.PLANTED`, and against the correct
 numpy backend and the spec's reference backend, which must pass. Then the
 bounds check against planted out-of-bounds kernels and the project's Triton
-backend (:mod:`conformance.selftest_bounds`), and the scheduler suite against
-its planted schedulers (:mod:`conformance.scheduler_suite_selftest`).
+backend (:mod:`conformance.selftest_bounds`), the device-resident contract
+against a planted stale-metadata bug (:mod:`conformance.planted_device`), and
+the scheduler suite against its planted schedulers
+(:mod:`conformance.scheduler_suite_selftest`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 from conformance.numpy_backend import NumpyPagedBackend
 from conformance.planted import PLANTED
+from conformance.planted_device import device_selftest
 from conformance.runner import run_suite
 from conformance.scheduler_suite_selftest import scheduler_selftest
 from conformance.selftest_bounds import bounds_selftest
@@ -48,5 +51,6 @@ def selftest(out: Callable[[str], None] = print) -> bool:
             out(f"  MISSED  {label} ({ref})")
     out(f"caught {caught}/{len(PLANTED)} in {time.monotonic() - start:.1f} s")
     bounds_ok = bounds_selftest(out)
+    device_ok = device_selftest(out)
     schedulers_ok = scheduler_selftest(out)
-    return ok and caught == len(PLANTED) and bounds_ok and schedulers_ok
+    return ok and caught == len(PLANTED) and bounds_ok and device_ok and schedulers_ok

@@ -26,6 +26,8 @@ def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
     assert "correct backend numpy: passes" in done.stdout
     assert "correct backend triton --check-bounds strict: passes" in done.stdout
     assert "bounds check: caught 2/2" in done.stdout
+    assert "correct backend torch (device contract): passes" in done.stdout
+    assert "device contract: caught 1/1" in done.stdout
 
 
 def test_there_are_at_least_ten_distinct_planted_bugs() -> None:
