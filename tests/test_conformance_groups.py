@@ -23,7 +23,7 @@ from conformance.lockstep import ConformanceFailure, Lockstep
 from conformance.numpy_backend import NumpyPagedBackend
 from conformance.plan import plan_for
 from conformance.planted import PLANTED
-from conformance.planted_groups import PLANTED_GROUPS, DropsReleasedEntries
+from conformance.planted_groups import PLANTED_GROUPS, DropsReleasedEntries, ReadsGroupZeroTables
 from conformance.report import text_report
 from conformance.runner import RunResult, run_suite
 from conformance.workload import WorkloadConfig
@@ -52,8 +52,12 @@ class _SmallShapes:
 
     @property
     def capabilities(self) -> Capabilities:
-        small = {"block_sizes": {3, 4}, "head_dims": {8, 16}, "gqa_ratios": {1, 2}}
-        return replace(self._inner.capabilities, **{k: frozenset(v) for k, v in small.items()})
+        return replace(
+            self._inner.capabilities,
+            block_sizes=frozenset({3, 4}),
+            head_dims=frozenset({8, 16}),
+            gqa_ratios=frozenset({1, 2}),
+        )
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
@@ -194,3 +198,23 @@ def test_released_entries_have_no_owner_and_a_planted_reader_of_them_fails() -> 
     with pytest.raises(ConformanceFailure) as caught:
         workload(Lockstep(DropsReleasedEntries(), replace(config)))
     assert caught.value.difference.layer == 1
+
+
+class _FullGroupsOnly(NumpyPagedBackend):
+    """The numpy backend without attention variants: its groups pass draws two full groups."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities, variants=frozenset())
+
+
+class _FullGroupsGroupZero(_FullGroupsOnly, ReadsGroupZeroTables):
+    """Reads group 0's tables for every layer, without a window to release anything."""
+
+
+def test_two_full_attention_groups_tell_a_reader_of_the_wrong_table() -> None:
+    result = _groups(_FullGroupsOnly(), "full-groups", seed=3)
+    assert result.passed, result.difference and result.difference.describe()
+    assert all("full/full" in shape for shape in result.stats.configs)
+    assert result.stats.coverage.released_entries == 0
+    assert _groups(_FullGroupsGroupZero(), "group-zero", seed=3).difference is not None

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from group_workloads import GROUP_WORKLOADS
 from hypothesis import given
 from hypothesis import strategies as st
-from group_workloads import GROUP_WORKLOADS
 from variant_workloads import VARIANT_WORKLOADS
 
 from conformance.compare import first_kv_difference, first_output_difference
