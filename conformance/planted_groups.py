@@ -21,7 +21,14 @@ from spec.backend import FloatArray
 from spec.batch import PAD_BLOCK, BatchMetadata
 
 
-class ReadsGroupZeroTables(NumpyPagedBackend):
+class _GroupBug(NumpyPagedBackend):
+    """A planted group bug: only the groups pass draws KV cache groups, so the self-test runs
+    that pass alone (passes are seeded apart: the run's later passes draw the same)."""
+
+    selftest_passes = ("groups",)
+
+
+class ReadsGroupZeroTables(_GroupBug):
     """Every layer reads group 0's block tables (``batch.block_tables``), whatever its group.
 
     Exact while a model has one group: only a layer of another group shows it,
@@ -32,7 +39,7 @@ class ReadsGroupZeroTables(NumpyPagedBackend):
         return 0
 
 
-class DropsReleasedEntries(NumpyPagedBackend):
+class DropsReleasedEntries(_GroupBug):
     """The ``-1`` entries a window released are taken for padding and dropped from the row.
 
     The row then starts at the first held block, so every key is read from a
@@ -56,7 +63,7 @@ class DropsReleasedEntries(NumpyPagedBackend):
             return super().attention(layer, query, batch, scale, variant=variant)
 
 
-class SlotsOncePerStep(NumpyPagedBackend):
+class SlotsOncePerStep(_GroupBug):
     """The slot mapping is taken once per step, at its first write, and reused for every layer.
 
     A per-step cache keyed without the KV cache group: the layers of the other
