@@ -9,6 +9,12 @@ and ``read_cache`` of both agree. A quantized cache (``kv_dtype``) is a
 ``torch.float8_e4m3fn`` / ``float8_e5m2`` tensor holding the stored fp8 values,
 which ``read_cache`` returns as they are (not times the scale).
 
+Both contracts of :mod:`spec.backend` are served here: ``tensors="numpy"``
+(the default: numpy in, float32 numpy copies out) and ``tensors="torch"``
+(the device-resident contract: tensors of the activation dtype and int64
+slots on this backend's device in, tensors out, each checked for kind,
+device, dtype and shape before use, and never written to).
+
 A pool of more than :data:`spec.kv_memory.LAZY_ELEMENTS` elements per layer is
 allocated with ``torch.empty`` instead: filling it would touch every page (4 GiB
 for a pool past 2^31 fp16 elements), while an untouched CPU allocation costs no
@@ -20,17 +26,24 @@ with ``read_blocks``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from backend_gpu.kernels._fp8 import FP8_TORCH
-from spec.backend import FloatArray, KVGeometry
+from spec.backend import TENSOR_KINDS, FloatArray, KVGeometry
 from spec.batch import BatchMetadata
 from spec.errors import InvalidRequestError
 from spec.kv_memory import LAZY_ELEMENTS
+from spec.validate import check_choice
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+Returned = Any
+"""What a method returns: float32 numpy copies (numpy contract) or device tensors (device
+contract). ``Any`` because :class:`spec.backend.Backend`'s annotations spell the numpy contract
+(spec imports no torch), and these classes must satisfy it under both."""
 
 
 def default_device() -> torch.device:
@@ -68,7 +81,7 @@ class TorchKVCache:
             raise InvalidRequestError(f"layer {layer} is outside 0..{self.geometry.num_layers - 1}")
         return self.k[layer], self.v[layer]
 
-    def tensor(self, name: str, x: FloatArray, min_rows: int, heads: int) -> torch.Tensor:
+    def tensor(self, name: str, x: object, min_rows: int, heads: int) -> torch.Tensor:
         """``x`` (numpy ``[>= min_rows, heads, head_dim]``) in the cache dtype, on the device."""
         d = self.geometry.head_dim
         if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
@@ -80,14 +93,51 @@ class TorchKVCache:
         host = torch.from_numpy(np.array(x, dtype=np.float32))  # our copy: inputs are read-only
         return host.to(device=self.device, dtype=self.dtype)
 
-    def slots(self, slot_mapping: Sequence[int]) -> torch.Tensor:
-        """The slot mapping as int64 on the device, each slot in the pool or ``-1``."""
-        slots = np.asarray(slot_mapping, dtype=np.int64).reshape(-1)
+    def device_tensor(
+        self, name: str, x: object, min_rows: int, heads: int, exact_rows: bool = False
+    ) -> torch.Tensor:
+        """``x`` as the device contract hands it: ``[>= min_rows, heads, head_dim]`` (exactly
+        ``min_rows`` if ``exact_rows``), the activation dtype, on this device. Not copied."""
+        d = self.geometry.head_dim
+        t = self._on_device(name, x, self.dtype)
+        rows_ok = t.shape[0] == min_rows if exact_rows else t.shape[0] >= min_rows
+        if t.ndim != 3 or not rows_ok or tuple(t.shape[1:]) != (heads, d):
+            want = f"[{'' if exact_rows else '>= '}{min_rows}, {heads}, {d}]"
+            raise InvalidRequestError(f"{name} has shape {tuple(t.shape)}, expected {want}")
+        return t
+
+    def slots(self, slot_mapping: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """The slot mapping as int64 on the device, each slot in the pool or ``-1``.
+
+        A tensor (the device contract) must already be int64 on this device.
+        """
         num_slots = self.geometry.num_blocks * self.geometry.block_size
+        if isinstance(slot_mapping, torch.Tensor):
+            t = self._on_device("slot_mapping", slot_mapping, torch.int64).reshape(-1)
+            bad_t = (t != -1) & ((t < 0) | (t >= num_slots))
+            if bool(bad_t.any()):
+                first = int(t[bad_t][0])
+                raise InvalidRequestError(f"slot {first} is outside 0..{num_slots - 1}")
+            return t
+        slots = np.asarray(slot_mapping, dtype=np.int64).reshape(-1)
         bad = (slots != -1) & ((slots < 0) | (slots >= num_slots))
         if bad.any():
             raise InvalidRequestError(f"slot {int(slots[bad][0])} is outside 0..{num_slots - 1}")
         return torch.from_numpy(slots).to(self.device)
+
+    def _on_device(self, name: str, x: object, dtype: torch.dtype) -> torch.Tensor:
+        """``x``, checked to be a tensor of ``dtype`` on this device (the device contract)."""
+        if not isinstance(x, torch.Tensor):
+            raise InvalidRequestError(
+                f"{name} must be a torch.Tensor under the device contract, got {type(x).__name__}"
+            )
+        if x.device.type != self.device.type or (
+            self.device.index is not None and x.device.index != self.device.index
+        ):
+            raise InvalidRequestError(f"{name} is on {x.device}, expected {self.device}")
+        if x.dtype != dtype:
+            raise InvalidRequestError(f"{name} is {x.dtype}, expected {dtype}")
+        return x
 
     def check_batch(self, batch: BatchMetadata) -> None:
         """The batch was laid out for this cache's block size (not, say, the manager's)."""
@@ -104,6 +154,11 @@ class TorchKVCache:
 
     def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
         """K and V of just ``blocks`` (``[len(blocks), B, H_kv, D]``), without copying the pool."""
+        k, v = self.blocks(layer, blocks)
+        return to_numpy(k), to_numpy(v)
+
+    def blocks(self, layer: int, blocks: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of just ``blocks`` as new tensors on the device, in the cache dtype."""
         k, v = self.layer(layer)
         ids = np.asarray(blocks, dtype=np.int64).reshape(-1)
         if ((ids < 0) | (ids >= self.geometry.num_blocks)).any():
@@ -111,26 +166,39 @@ class TorchKVCache:
                 f"blocks {ids.tolist()} not all in 0..{self.geometry.num_blocks - 1}"
             )
         index = torch.from_numpy(ids).to(self.device)
-        return to_numpy(k[index]), to_numpy(v[index])
+        return k[index], v[index]  # advanced indexing: copies, never views
 
 
 class TorchCacheBackend:
     """What the torch-based backends share: the cache they hold and the numpy boundary.
 
     Subclasses compute; this class only converts and checks their inputs.
+    ``tensors`` is the contract they serve (:data:`spec.backend.TENSOR_KINDS`),
+    which their capabilities declare.
     """
 
-    def __init__(self, device: str | torch.device | None = None) -> None:
+    def __init__(self, device: str | torch.device | None = None, *, tensors: str = "numpy") -> None:
         self.device = torch.device(device) if device is not None else default_device()
+        self.tensors = check_choice("tensors", tensors, TENSOR_KINDS)
         self._cache: TorchKVCache | None = None
 
     def create_cache(self, geometry: KVGeometry) -> None:
         self._cache = TorchKVCache(geometry, self.device)
 
-    def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
+    @property
+    def device_resident(self) -> bool:
+        """Whether this backend serves the device contract (``tensors="torch"``)."""
+        return self.tensors == "torch"
+
+    def read_cache(self, layer: int) -> Returned:
+        if self.device_resident:
+            k, v = self._mem().layer(layer)
+            return k.clone(), v.clone()
         return self._mem().read(layer)
 
-    def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+    def read_blocks(self, layer: int, blocks: Sequence[int]) -> Returned:
+        if self.device_resident:
+            return self._mem().blocks(layer, blocks)
         return self._mem().read_blocks(layer, blocks)
 
     def _mem(self) -> TorchKVCache:
@@ -139,23 +207,39 @@ class TorchCacheBackend:
         return self._cache
 
     def _kv_inputs(
-        self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
+        self, layer: int, key: object, value: object, slot_mapping: Sequence[int] | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(k, v, k_cache, v_cache)`` for a KV write: new tokens on the device, live storage."""
         cache = self._mem()
         k_cache, v_cache = cache.layer(layer)
         n, h = len(slot_mapping), cache.geometry.num_kv_heads
-        return cache.tensor("key", key, n, h), cache.tensor("value", value, n, h), k_cache, v_cache
+        convert = cache.device_tensor if self.device_resident else cache.tensor
+        return convert("key", key, n, h), convert("value", value, n, h), k_cache, v_cache
 
     def _query_inputs(
-        self, layer: int, query: FloatArray, batch: BatchMetadata
+        self, layer: int, query: object, batch: BatchMetadata
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(q, k_cache, v_cache)`` for attention, once the batch fits this cache."""
         cache = self._mem()
         k_cache, v_cache = cache.layer(layer)
         cache.check_batch(batch)
+        if self.device_resident:
+            heads = query.shape[1] if isinstance(query, torch.Tensor) and query.ndim == 3 else -1
+            return cache.device_tensor("query", query, batch.num_tokens, heads), k_cache, v_cache
         heads = query.shape[1] if isinstance(query, np.ndarray) and query.ndim == 3 else -1
         return cache.tensor("query", query, batch.num_tokens, heads), k_cache, v_cache
+
+    def _new_kv(self, batch: BatchMetadata, key: object, value: object) -> None:
+        """The device contract's ``key=``/``value=`` of attention: ``[T, H_kv, D]`` when given."""
+        if not self.device_resident or (key is None and value is None):
+            return
+        cache = self._mem()
+        for name, x in (("key", key), ("value", value)):
+            cache.device_tensor(name, x, batch.num_tokens, cache.geometry.num_kv_heads, True)
+
+    def _returned(self, out: torch.Tensor) -> Returned:
+        """An output in the contract served: a float32 numpy copy, or the tensor itself."""
+        return out if self.device_resident else to_numpy(out)
 
 
 def to_numpy(x: torch.Tensor) -> FloatArray:

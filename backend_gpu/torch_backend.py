@@ -8,7 +8,16 @@ window a mask, a sink one more column of the softmax that is dropped after it.
 An fp8 cache is written with torch's own fp8 cast (round to nearest even)
 after a float32 division and a clamp, and read as ``stored.float() * scale``.
 Slow but obviously right, on CPU or any GPU, and a check on the Triton kernels
-that shares none of their code.
+that shares none of their arithmetic. It does share code with them around it:
+the cache plumbing in :mod:`backend_gpu._cache` (which takes the fp8 dtype
+table ``FP8_TORCH`` from ``backend_gpu/kernels/_fp8.py``) and the copy-list
+check ``independent_copies`` from ``backend_gpu/kernels/_checks.py``.
+
+:func:`make_device_backend` builds the same backend under the device-resident
+contract (``tensors="torch"``, :mod:`spec.backend`): it takes tensors on its
+device, gathers through the device block tables the suite built for the step
+(``arrays=``), and returns tensors. It reads every key from the cache, so the
+``key=``/``value=`` of the step are only checked, not used.
 """
 
 from __future__ import annotations
@@ -18,11 +27,11 @@ from collections.abc import Sequence
 
 import torch
 
-from backend_gpu._cache import TorchCacheBackend, to_numpy
+from backend_gpu._cache import Returned, TorchCacheBackend
 from backend_gpu.kernels._checks import independent_copies
 from spec.attention import PLAIN, VARIANTS, AttentionVariant
 from spec.backend import DTYPES, KV_DTYPES, Capabilities, FloatArray
-from spec.batch import BatchMetadata
+from spec.batch import BatchArrays, BatchMetadata
 from spec.errors import InvalidRequestError
 from spec.quant import FP8_FORMATS
 
@@ -39,10 +48,15 @@ class TorchBackend(TorchCacheBackend):
             kv_dtypes=frozenset(KV_DTYPES),
             variants=frozenset(VARIANTS),
             kv_groups=True,
+            tensors=self.tensors,
         )
 
     def write_kv(
-        self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
+        self,
+        layer: int,
+        key: FloatArray | torch.Tensor,
+        value: FloatArray | torch.Tensor,
+        slot_mapping: Sequence[int] | torch.Tensor,
     ) -> None:
         k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
         n = len(slot_mapping)
@@ -73,13 +87,17 @@ class TorchBackend(TorchCacheBackend):
     def attention(
         self,
         layer: int,
-        query: FloatArray,
+        query: FloatArray | torch.Tensor,
         batch: BatchMetadata,
         scale: float,
         *,
         variant: AttentionVariant | None = None,
-    ) -> FloatArray:
+        arrays: BatchArrays[torch.Tensor] | None = None,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+    ) -> Returned:
         q, k_cache, v_cache = self._query_inputs(layer, query, batch)
+        self._new_kv(batch, key, value)
         cache = self._mem()
         heads = q.shape[1]
         if heads % cache.geometry.num_kv_heads:
@@ -92,7 +110,10 @@ class TorchBackend(TorchCacheBackend):
         out = torch.empty(
             batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device
         )
-        tables = batch.tables(cache.geometry.group_of(layer))  # the layer's KV cache group
+        group = cache.geometry.group_of(layer)  # the layer's KV cache group
+        tables: Sequence[Sequence[int]] | torch.Tensor = batch.tables(group)
+        if arrays is not None and self.device_resident:  # the step's device tables
+            tables = arrays.group_tables[group]
         for i in range(batch.num_seqs):
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
             first = variant.first_visible(batch.seq_lens[i] - (end - start))  # released: unread
@@ -100,13 +121,13 @@ class TorchBackend(TorchCacheBackend):
             k, v = k.float() * k_scale, v.float() * v_scale  # dequantized (exact scales of 1.0)
             attended = _attend(q[start:end], k, v, batch.seq_lens[i], scale, variant)
             out[start:end] = attended.to(cache.dtype)
-        return to_numpy(out)
+        return self._returned(out)
 
     def _gather(
         self,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        table: Sequence[int],
+        table: Sequence[int] | torch.Tensor,
         seq_len: int,
         first: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,10 +143,13 @@ class TorchBackend(TorchCacheBackend):
                 f"{seq_len} tokens need {used} blocks, the table has {len(table)}"
             )
         skip = first // block_size
-        blocks = torch.tensor(table[skip:used], dtype=torch.int64, device=self.device)
+        if isinstance(table, torch.Tensor):  # a row of the device tables: no host copy
+            blocks = table[skip:used].to(torch.int64)
+        else:
+            blocks = torch.tensor(table[skip:used], dtype=torch.int64, device=self.device)
         if bool(((blocks < 0) | (blocks >= num_blocks)).any()):
             raise InvalidRequestError(
-                f"block table {table[skip:used]} has ids outside 0..{num_blocks - 1}"
+                f"block table {blocks.tolist()} has ids outside 0..{num_blocks - 1}"
             )
         pos = torch.arange(skip * block_size, seq_len, device=self.device)
         slots = blocks[pos // block_size - skip] * block_size + pos % block_size
@@ -172,3 +196,12 @@ def _attend(
 def _per_head(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
     """One float32 value per query head, shaped ``[H, 1, 1]`` to broadcast over scores."""
     return torch.tensor(values, dtype=torch.float32, device=device)[:, None, None]
+
+
+def make_device_backend(device: str | torch.device | None = None) -> TorchBackend:
+    """The torch backend under the device-resident contract (``tensors="torch"``).
+
+    ``--backend backend_gpu.torch_backend:make_device_backend`` runs the suite
+    through that contract (see :mod:`conformance.device_contract`).
+    """
+    return TorchBackend(device, tensors="torch")

@@ -7,6 +7,11 @@ the int32/int64 tensors the kernels take; the grid sizes come from the host
 values, so no device read-back is needed beyond the wrappers' index checks.
 Every attention variant and both fp8 KV dtypes are declared and run in the
 kernels themselves (the KV write quantizes, attention dequantizes).
+
+Under the device-resident contract (``TritonBackend(tensors="torch")``, or
+:func:`make_device_backend`) the kernels take the suite's tensors as they come:
+the step's device metadata (``arrays=``) replaces the per-step conversion, and
+outputs stay on the device.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ from collections.abc import Sequence
 import torch
 
 import backend_gpu  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines first)
-from backend_gpu._cache import TorchCacheBackend, to_numpy
+from backend_gpu._cache import Returned, TorchCacheBackend
 from backend_gpu.kernels import copy_blocks, paged_attention, reshape_and_cache
 from backend_gpu.kernels.attention import MAX_HEAD_DIM
 from spec.attention import VARIANTS, AttentionVariant
 from spec.backend import DTYPES, KV_DTYPES, Capabilities, FloatArray, KVGeometry
-from spec.batch import BatchMetadata
+from spec.batch import BatchArrays, BatchMetadata
 from spec.errors import InvalidRequestError
 
 
@@ -32,8 +37,14 @@ class TritonBackend(TorchCacheBackend):
     single pass (``1``); ``None`` lets its heuristic choose.
     """
 
-    def __init__(self, device: str | torch.device | None = None, num_splits: int | None = None):
-        super().__init__(device)
+    def __init__(
+        self,
+        device: str | torch.device | None = None,
+        num_splits: int | None = None,
+        *,
+        tensors: str = "numpy",
+    ) -> None:
+        super().__init__(device, tensors=tensors)
         self.num_splits = num_splits
         self._metadata: tuple[BatchMetadata, dict[int, tuple[torch.Tensor, ...]]] | None = None
         self._per_head: dict[tuple[float, ...], torch.Tensor] = {}
@@ -50,6 +61,7 @@ class TritonBackend(TorchCacheBackend):
             kv_dtypes=frozenset(KV_DTYPES),
             variants=frozenset(VARIANTS),
             kv_groups=True,
+            tensors=self.tensors,
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
@@ -59,7 +71,11 @@ class TritonBackend(TorchCacheBackend):
         self._per_head.clear()
 
     def write_kv(
-        self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
+        self,
+        layer: int,
+        key: FloatArray | torch.Tensor,
+        value: FloatArray | torch.Tensor,
+        slot_mapping: Sequence[int] | torch.Tensor,
     ) -> None:
         k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
         cache = self._mem()
@@ -76,14 +92,22 @@ class TritonBackend(TorchCacheBackend):
     def attention(
         self,
         layer: int,
-        query: FloatArray,
+        query: FloatArray | torch.Tensor,
         batch: BatchMetadata,
         scale: float,
         *,
         variant: AttentionVariant | None = None,
-    ) -> FloatArray:
+        arrays: BatchArrays[torch.Tensor] | None = None,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+    ) -> Returned:
         q, k_cache, v_cache = self._query_inputs(layer, query, batch)
-        qsl, lens, tables = self._device_metadata(batch, self._mem().geometry.group_of(layer))
+        self._new_kv(batch, key, value)
+        group = self._mem().geometry.group_of(layer)
+        if arrays is not None and self.device_resident:  # the suite's tensors, as they come
+            qsl, lens, tables = arrays.query_start_loc, arrays.seq_lens, arrays.group_tables[group]
+        else:
+            qsl, lens, tables = self._device_metadata(batch, group)
         k_scale, v_scale = self._mem().scales(layer)
         if variant is not None:
             variant.check_heads(q.shape[1])
@@ -106,7 +130,7 @@ class TritonBackend(TorchCacheBackend):
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        return to_numpy(out)
+        return self._returned(out)
 
     def _head_tensor(self, values: tuple[float, ...] | None) -> torch.Tensor | None:
         """Per-head sinks or slopes as a float32 device tensor, made once per distinct tuple."""
@@ -137,3 +161,8 @@ def _tables(batch: BatchMetadata, device: torch.device, group: int = 0) -> torch
     width = max(1, max((len(t) for t in batch.tables(group)), default=0))
     rows = [list(t) + [-1] * (width - len(t)) for t in batch.tables(group)]
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(batch.num_seqs, width)
+
+
+def make_device_backend(device: str | torch.device | None = None) -> TritonBackend:
+    """The Triton backend under the device-resident contract (``tensors="torch"``)."""
+    return TritonBackend(device, tensors="torch")

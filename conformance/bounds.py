@@ -43,6 +43,13 @@ executes the interpreter's own code, and ``watch`` restores it exactly on exit.
 The hooks are process-wide, as the interpreter is: one ``watch`` at a time
 (nesting raises), and no interpreted launches in other threads meanwhile.
 
+In the suite (``python -m conformance run --check-bounds [default|strict]``),
+:class:`~conformance.lockstep.Lockstep` watches every backend call that may
+launch kernels (the cache's creation, writes, copies and reads, and
+attention), and a call with a violation is a conformance failure of kind ``"bounds"``; what a run
+checked is its :class:`BoundsReport`. :func:`unusable` says why a process
+cannot be checked at all (the run then refuses to start).
+
 >>> v = Violation("attention", 0, "kernel", 1, "load", "outside", "block_tables",
 ...               "int32 [2, 3]", True, 6, 1, 1, 4, (1, 0, 0))
 >>> print(v.describe())
@@ -53,6 +60,7 @@ element 6, 1 past the end (worst 1)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -62,7 +70,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance import _bounds_hooks
-from spec.batch import BatchMetadata
+from spec.batch import PADDING_RULE, BatchMetadata
 from spec.block_manager import cdiv
 
 if TYPE_CHECKING:
@@ -71,13 +79,11 @@ if TYPE_CHECKING:
 Ints = NDArray[np.int64]
 Bools = NDArray[np.bool_]
 
-CONTRACT = (
-    "Entries of row i past ceil(seq_lens[i] / block_size) are padding and must never be "
-    "dereferenced as block ids; a kernel may read them (the default bounds check allows it, "
-    "--check-bounds strict flags it), but any access outside the tensors passed to a launch "
-    "is always a violation."
-)
-"""What a kernel may read: the sentence :mod:`spec.batch` states and this checker enforces."""
+CONTRACT = PADDING_RULE
+"""What a kernel may read: :data:`spec.batch.PADDING_RULE`, the sentence this checker enforces."""
+
+MODES = ("default", "strict")
+"""The checker's modes, as ``--check-bounds`` and ``PAGED_SPEC_CHECK_BOUNDS`` name them."""
 
 GPU_NOTE = (
     "bounds checking needs Triton's interpreter (TRITON_INTERPRET=1 set before triton is "
@@ -163,6 +169,8 @@ class BoundsChecker:
     """
 
     def __init__(self, strict: bool = False) -> None:
+        if not isinstance(strict, bool):
+            raise TypeError(f"BoundsChecker(strict=...) takes a bool, got {strict!r}")
         self.strict = strict
         self.violations: list[Violation] = []
         self.launches = 0
@@ -170,6 +178,21 @@ class BoundsChecker:
         self._table_calls = 0  # watched calls given a batch in strict mode
         self._tables_found = 0  # ... in which some launch had a recognised block table
         self._unavailable = _bounds_hooks.interpreter_available()
+
+    @classmethod
+    def for_mode(cls, mode: str) -> BoundsChecker:
+        """The checker of a mode of :data:`MODES` (``ValueError`` names any other)."""
+        if mode not in MODES:
+            raise ValueError(f"bounds-check mode {mode!r}: choose from {', '.join(MODES)}")
+        return cls(strict=mode == "strict")
+
+    @property
+    def mode(self) -> str:
+        return "strict" if self.strict else "default"
+
+    def __repr__(self) -> str:
+        """The expression that builds an equal, fresh checker (replay scripts print it)."""
+        return f"BoundsChecker(strict={self.strict})"
 
     @contextmanager
     def watch(
@@ -215,11 +238,59 @@ class BoundsChecker:
 
     def summary(self) -> str:
         """A line for the report: mode, how much was checked, how many violations."""
-        mode = "strict" if self.strict else "default"
         return (
-            f"bounds check ({mode}): {self.launches} launches, {self.accesses} element accesses, "
-            f"{len(self.violations)} violations"
+            f"bounds check ({self.mode}): {self.launches} launches, {self.accesses} element "
+            f"accesses, {len(self.violations)} violations"
         )
+
+    def report(self) -> BoundsReport:
+        """What this checker checked so far, as plain data (it travels between processes)."""
+        return BoundsReport(
+            self.mode,
+            self.launches,
+            self.accesses,
+            len(self.violations),
+            self.summary(),
+            tuple(self.notes()),
+        )
+
+
+@dataclass(frozen=True)
+class BoundsReport:
+    """A run's bounds check: its mode, the launches and element accesses checked, violations.
+
+    ``summary`` is :meth:`BoundsChecker.summary` and ``notes`` its
+    :meth:`BoundsChecker.notes` (coverage caveats: nothing checked, no table found).
+    """
+
+    mode: str
+    launches: int
+    accesses: int
+    violations: int
+    summary: str
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """The summary, then each note: what a report prints under the run's settings."""
+        return [self.summary, *(f"note: {n}" for n in self.notes)]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def unusable() -> str | None:
+    """Why launches in this process cannot be checked (``None``: they can).
+
+    The checker sees only kernels that Triton's interpreter runs: the seam
+    must exist in the installed triton, and ``TRITON_INTERPRET`` must be set
+    (a kernel decorated without it compiles for a GPU, and no hook sees it).
+    """
+    reason = _bounds_hooks.interpreter_available()
+    if reason is not None:
+        return reason
+    if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "yes"):
+        return "TRITON_INTERPRET is not set, so Triton kernels compile and run natively"
+    return None
 
 
 def _used_rows(batch: BatchMetadata) -> list[tuple[int, ...]]:

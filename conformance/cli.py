@@ -21,6 +21,7 @@ from conformance.control import (
     DEFAULT_CALL_TIMEOUT_S,
     RunControl,
     at_least,
+    bounds_mode,
     seconds,
     timeout_seconds,
 )
@@ -48,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list()
         if args.command == "scheduler":
             return _scheduler(args)
+        if args.command == "vectors":
+            return _vectors(args)
         return OK if selftest() else FAILED
     except SetupError as err:
         print(f"conformance: setup error: {err}", file=sys.stderr)
@@ -76,6 +79,7 @@ def _control(args: argparse.Namespace) -> RunControl:
         long_examples=args.long_examples,
         time_budget_s=args.time_budget,
         call_timeout_s=args.call_timeout or None,
+        check_bounds=args.check_bounds,
     )
 
 
@@ -139,6 +143,29 @@ def _scheduler(args: argparse.Namespace) -> int:
             except OSError as err:
                 raise SetupError(f"cannot write the report {path}: {err}") from err
     return OK if result.passed else FAILED
+
+
+def _vectors(args: argparse.Namespace) -> int:
+    """Test vectors: export the suite's workloads, or check a backend against exported ones."""
+    if args.action == "export":
+        from conformance.vectors_export import export_vectors
+
+        summary = export_vectors(
+            Path(args.out), profile=args.profile, seed=args.seed, examples=args.examples
+        )
+        print(summary.describe())
+        return OK
+    from conformance.vectors_check import check_vectors
+
+    result = check_vectors(load_backend(args.backend), args.backend, Path(args.dir))
+    print(text_report(result))
+    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
+        if path:
+            try:
+                writer(result, Path(path))
+            except OSError as err:
+                raise SetupError(f"cannot write the report {path}: {err}") from err
+    return _status(result)
 
 
 def _list() -> int:
@@ -213,6 +240,16 @@ def _parser() -> argparse.ArgumentParser:
         help=f"a call taking longer is a hang (default {DEFAULT_CALL_TIMEOUT_S:g}; 0: no limit)",
     )
     run.add_argument(
+        "--check-bounds",
+        type=_argtype(bounds_mode),
+        nargs="?",
+        const="default",
+        metavar="{default,strict}",
+        help="check every memory access of the backend's Triton kernels under TRITON_INTERPRET "
+        "(default: outside the launch's tensors; strict: block-table padding reads too); "
+        "see docs/bounds-checking.md",
+    )
+    run.add_argument(
         "--in-process",
         action="store_true",
         help="run the backend in this process (for a debugger): a crash or a native hang then "
@@ -228,7 +265,32 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list installed backends (entry points paged_spec.backends)")
     sub.add_parser("selftest", help="check that the suite catches a set of planted bugs")
     _scheduler_parser(sub)
+    _vectors_parser(sub)
     return parser
+
+
+def _vectors_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cmd = sub.add_parser("vectors", help="export language-neutral test vectors, or check them")
+    actions = cmd.add_subparsers(dest="action", required=True)
+    export = actions.add_parser("export", help="write the suite's workloads as test vectors")
+    export.add_argument("--out", required=True, metavar="DIR", help="a new (or empty) directory")
+    export.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    export.add_argument("--seed", type=int, help="the run to record (default: a random one)")
+    export.add_argument(
+        "--examples",
+        type=_argtype(at_least(1)),
+        metavar="N",
+        help="override the profile's example count (>= 1), as run --max-examples",
+    )
+    check = actions.add_parser("check", help="replay exported vectors against one backend")
+    check.add_argument("dir", metavar="DIR", help="a directory written by 'vectors export'")
+    check.add_argument(
+        "--backend",
+        required=True,
+        help="an installed name (see 'list'), module:factory, or path/to/file.py:factory",
+    )
+    check.add_argument("--report", metavar="FILE.json", help="write a JSON report")
+    check.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")
 
 
 def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

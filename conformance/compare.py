@@ -21,8 +21,13 @@ from conformance.dtypes import F64
 from conformance.numerics import ExampleErrors, OutputErrors
 
 _SHOWN = 6  # vector elements shown in a report
-FAULTS = ("exception", "shape", "input", "alias", "hang", "crash", "internal")
-"""Kinds of difference that are the backend (or the run) failing, rather than a wrong value."""
+FAULTS = ("exception", "shape", "input", "alias", "bounds", "hang", "crash", "internal")
+"""Kinds of difference that are the backend (or the run) failing, rather than a wrong value.
+
+``bounds``: a kernel accessed memory outside what :data:`spec.batch.PADDING_RULE`
+allows (only with a bounds check on: :mod:`conformance.bounds`); the detail
+names the kernel, the argument, the offset and how far out of range it was.
+"""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""How a run is controlled: shrinking, time limits, the long examples, the per-call timeout.
+"""How a run is controlled: shrinking, time limits, the long examples, the per-call timeout,
+bounds checking.
 
 The same knobs come from command-line flags (:mod:`conformance.cli`) and from
 environment variables (for the pytest ways, :mod:`conformance.testing`); this
@@ -10,6 +11,8 @@ and its variable cannot drift apart.
 >>> options = environment_options({"PAGED_SPEC_SEED": "7", "PAGED_SPEC_NO_SHRINK": "1"})
 >>> options.seed, options.control.shrink
 (7, False)
+>>> environment_options({"PAGED_SPEC_CHECK_BOUNDS": "1"}).control.check_bounds
+'default'
 >>> environment_options({"PAGED_SPEC_EXAMPLES": "0"})
 Traceback (most recent call last):
 ...
@@ -24,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from conformance.bounds import MODES
 from conformance.plan import SetupError
 
 _T = TypeVar("_T")
@@ -42,14 +46,18 @@ LOAD_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class RunControl:
-    """The knobs that bound a run, none of which changes what a passing backend means.
+    """The knobs that bound a run, and the one that adds a check (``check_bounds``).
 
+    None but ``check_bounds`` changes what a passing backend means.
     ``shrink``: minimise a failing workload (off: report it as found, faster).
     ``shrink_time_s``: stop minimising after this long and report the smallest so far.
     ``long_examples``: how many long-context examples (``None``: the profile's).
     ``time_budget_s``: stop drawing new examples after this long; the report
     then says "passed within the time budget". ``call_timeout_s``: a backend
     call that takes longer is reported as hung (``None``: wait forever).
+    ``check_bounds``: ``"default"`` or ``"strict"`` (:data:`conformance.bounds.MODES`)
+    checks every memory access of the backend's interpreted Triton kernels
+    (:mod:`conformance.bounds`); ``None``: no bounds check.
     """
 
     shrink: bool = True
@@ -57,8 +65,13 @@ class RunControl:
     long_examples: int | None = None
     time_budget_s: float | None = None
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    check_bounds: str | None = None
 
     def __post_init__(self) -> None:
+        if self.check_bounds is not None and self.check_bounds not in MODES:
+            raise SetupError(
+                f"check_bounds must be None or one of {', '.join(MODES)}, got {self.check_bounds!r}"
+            )
         for name in ("shrink_time_s", "time_budget_s", "call_timeout_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
@@ -90,6 +103,10 @@ ENVIRONMENT = {
     "PAGED_SPEC_CALL_TIMEOUT": (
         f"seconds one backend call may take (default {DEFAULT_CALL_TIMEOUT_S:g}; 0: no limit)"
     ),
+    "PAGED_SPEC_CHECK_BOUNDS": (
+        "default or strict (1: default, 0: off): bounds-check the backend's interpreted "
+        "Triton kernels"
+    ),
 }
 """The environment variables of the pytest ways, and what each one sets."""
 
@@ -119,8 +136,34 @@ def environment_options(environ: Mapping[str, str] | None = None) -> Environment
             long_examples=get("PAGED_SPEC_LONG_EXAMPLES", at_least(0)),
             time_budget_s=get("PAGED_SPEC_TIME_BUDGET", seconds),
             call_timeout_s=DEFAULT_CALL_TIMEOUT_S if timeout is None else timeout or None,
+            check_bounds=get("PAGED_SPEC_CHECK_BOUNDS", _bounds_setting) or None,
         ),
     )
+
+
+def bounds_mode(text: str) -> str:
+    """A bounds-check mode of :data:`~conformance.bounds.MODES` (also an argparse ``type``).
+
+    >>> bounds_mode("strict")
+    'strict'
+    >>> bounds_mode("loose")
+    Traceback (most recent call last):
+    ...
+    ValueError: 'loose' is not a bounds-check mode: choose from default, strict
+    """
+    if text not in MODES:
+        raise ValueError(f"{text!r} is not a bounds-check mode: choose from {', '.join(MODES)}")
+    return text
+
+
+def _bounds_setting(text: str) -> str:
+    """A mode, or a flag: 1 (true, yes, on) for ``default``, 0 (false, no, off) for none ("")."""
+    if text in MODES:
+        return text
+    try:
+        return "default" if _flag(text) else ""
+    except ValueError:
+        raise ValueError(f"expected {', '.join(MODES)}, 1 or 0") from None
 
 
 def seconds(text: str) -> float:

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from conformance.device_contract import setup_problem
 from conformance.plan import SetupError
 from spec.backend import Backend, Capabilities
 
@@ -62,6 +63,9 @@ def load_backend(ref: str) -> Backend:
         ) from err
     if not isinstance(caps, Capabilities):
         raise SetupError(f"{ref!r}: .capabilities must be a spec.backend.Capabilities")
+    problem = setup_problem(backend, caps)  # the device-resident contract's preconditions
+    if problem:
+        raise SetupError(f"{ref!r}: {problem}")
     assert isinstance(backend, Backend)
     return backend
 

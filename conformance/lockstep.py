@@ -27,6 +27,16 @@ Pools of up to :data:`WHOLE_POOL_SLOTS` slots are compared whole after every
 step. Larger ones are compared where the step wrote (the blocks written or
 copied into, and their neighbours), and whole every :data:`SWEEP_EVERY` steps
 and at :meth:`Lockstep.finish`, so a stray write anywhere is still caught.
+A backend under the device-resident contract (``tensors="torch"``) is handed
+the same operations as tensors on its device (:mod:`conformance.device_contract`)
+and compared as a larger pool is, so that only what is compared crosses back.
+
+With a :class:`~conformance.bounds.BoundsChecker` (``bounds=``), every backend
+call that may launch kernels (:data:`BOUNDS_CHECKED`) runs inside its
+``watch``, and a call in which a kernel accessed memory outside what
+:data:`spec.batch.PADDING_RULE` allows fails as kind ``"bounds"``, before
+anything the call returned is compared: a refused access makes the outputs
+meaningless.
 
 Each operation is also logged as a line of Python, so that a failing workload
 replays as a plain script (see :mod:`conformance.report`):
@@ -47,14 +57,15 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import NoReturn, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from conformance.bounds import BoundsChecker, Watched
 from conformance.compare import (
     Difference,
     example_difference,
@@ -62,6 +73,12 @@ from conformance.compare import (
     first_output_difference,
 )
 from conformance.coverage import Coverage
+from conformance.device_contract import (
+    ContractMismatch,
+    DeviceContract,
+    setup_problem,
+    uses_device_contract,
+)
 from conformance.dtypes import F64, round_to
 from conformance.group_memory import GroupMemory, describe_groups, released_rows
 from conformance.guard import BackendFault, CallGuard
@@ -99,6 +116,16 @@ WHOLE_POOL_SLOTS = 4096
 """Pools of at most this many slots are compared whole after every step."""
 SWEEP_EVERY = 8
 """Larger pools are compared whole every this many steps (and at the end)."""
+BOUNDS_CHECKED = (
+    "create_cache",
+    "write_kv",
+    "copy_blocks",
+    "attention",
+    "read_cache",
+    "read_blocks",
+)
+"""The backend calls that may launch kernels: those a bounds checker watches (all but the
+capabilities and ``attention_path``, which only describe the backend)."""
 
 
 class ConformanceFailure(AssertionError):
@@ -124,9 +151,11 @@ class Lockstep:
         coverage: Coverage | None = None,
         margins: Margins | None = None,
         whole_pool_slots: int = WHOLE_POOL_SLOTS,
+        bounds: BoundsChecker | None = None,
     ) -> None:
         g = config.geometry
         self.backend = backend
+        self.bounds = bounds
         self.guard = CallGuard() if guard is None else guard
         self.config = config
         self.base = config.block_base
@@ -144,7 +173,8 @@ class Lockstep:
         self.coverage = Coverage() if coverage is None else coverage
         self.margins = Margins() if margins is None else margins
         self.step_index = 0
-        self.log = [f"ls = Lockstep(backend, {config!r})"]
+        checked = "" if bounds is None else f", bounds={bounds!r}"  # replays check the same
+        self.log = [f"ls = Lockstep(backend, {config!r}{checked})"]
         self._truth = SequenceTruth(self.truth)
         self._whole = g.num_blocks * g.block_size <= whole_pool_slots
         self._same = same_precision(g.dtype, g.kv_dtype is not None)
@@ -155,6 +185,7 @@ class Lockstep:
         self._read_blocks = getattr(backend, "read_blocks", None)
         if self.base and self._read_blocks is None:
             raise ValueError("a large pool needs the backend's read_blocks(layer, blocks)")
+        self._device = self._device_contract()
         ratio = config.num_heads // g.num_kv_heads
         self.coverage.note_shape(
             head_dim=g.head_dim,
@@ -409,12 +440,10 @@ class Lockstep:
         for layer in range(g.num_layers):
             k, v = background(self.config, layer)
             gk, gv = guard_background(self.config, layer, len(guard_slots))
-            self._call(
-                "write_kv",
-                self.backend.write_kv,
+            self._write_kv(
                 layer,
-                _f32(np.concatenate([k, gk])),
-                _f32(np.concatenate([v, gv])),
+                np.concatenate([k, gk]),
+                np.concatenate([v, gv]),
                 self._shift_slots(slots) + guard_slots,
             )
             self.memory.write(layer, k, v, slots)
@@ -475,14 +504,7 @@ class Lockstep:
         junk = padding_rows(c, self.step_index, layer, pad + 1)
         group = c.geometry.group_of(layer)
         slots = self._shift_slots(batch.slots(group)) + [PAD_SLOT] * pad
-        self._call(
-            "write_kv",
-            self.backend.write_kv,
-            layer,
-            _f32(np.concatenate([key, junk])),
-            _f32(np.concatenate([value, -junk])),
-            slots,
-        )
+        self._write_kv(layer, np.concatenate([key, junk]), np.concatenate([value, -junk]), slots)
         self.memory.write(layer, key, value, batch.slots(group))
         self._note_offset(max(slots))
         query = queries(c, self.step_index, layer, batch.num_tokens)
@@ -491,23 +513,10 @@ class Lockstep:
         actual, paths = [], []
         for call in calls:
             sub = _sub_batch(batch, call)
-            q = query[_rows(batch, call)]
-            out = self._call(
-                "attention",
-                self.backend.attention,
-                layer,
-                _f32(q),
-                self._view(sub),
-                c.scale,
-                **extra,
+            rows = _rows(batch, call)
+            out = self._attention(
+                layer, query[rows], self._view(sub), (key[rows], value[rows]), extra
             )
-            out = _f64(out)
-            if out.shape != q.shape:
-                self._fail(
-                    "shape",
-                    f"attention returned shape {out.shape}, expected {q.shape}",
-                    layer=layer,
-                )
             actual.append(out)
             paths.append(self._path())
             decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
@@ -593,6 +602,8 @@ class Lockstep:
         """
         g = self.backend_geometry
         ids = blocks if backend_ids else [b + self.base for b in blocks]
+        if self._device is not None:
+            return self._read_device(layer, ids)
         whole = not self.base and len(ids) == g.num_blocks and not backend_ids
         if self._read_blocks is not None and not whole:
             got = self._call("read_blocks", self._read_blocks, layer, ids)
@@ -615,6 +626,93 @@ class Lockstep:
                 )
             out.append(x)
         return out[0], out[1]
+
+    # -- the contract's calls: numpy, or device-resident (conformance/device_contract.py) --
+
+    def _device_contract(self) -> DeviceContract | None:
+        """The device contract's converter when the backend declares it; its checks first.
+
+        Under it the suite reads back only what it compares: the blocks each step
+        wrote or copied into (and their neighbours), the whole pool every
+        :data:`SWEEP_EVERY` steps and at :meth:`finish`, as for a large pool.
+        """
+        if not uses_device_contract(self.caps):
+            return None
+        problem = setup_problem(self.backend, self.caps)
+        if problem:
+            raise ValueError(f"{self.caps.name}: {problem}")
+        self._whole = False
+        return DeviceContract(self.caps, self.backend_geometry)
+
+    def _write_kv(self, layer: int, key: F64, value: F64, slots: list[int]) -> None:
+        """One ``write_kv`` in the backend's contract: float32 arrays, or device tensors."""
+        dc = self._device
+        if dc is None:
+            self._call("write_kv", self.backend.write_kv, layer, _f32(key), _f32(value), slots)
+            return
+        handed: dict[str, object] = {
+            "key": dc.activations(key),
+            "value": dc.activations(value),
+            "slot_mapping": dc.slots(self.step_index, slots),
+        }
+        self._call("write_kv", self.backend.write_kv, layer, *handed.values())
+        self._unchanged("write_kv", handed, layer)
+
+    def _attention(
+        self,
+        layer: int,
+        query: F64,
+        batch: BatchMetadata,
+        new_kv: tuple[F64, F64],
+        extra: Mapping[str, object],
+    ) -> F64:
+        """One ``attention`` call in the backend's contract; its output checked, as float64.
+
+        Under the device contract it also gets the batch's device arrays and the
+        call's new K and V (``arrays=``, ``key=``, ``value=``).
+        """
+        dc, scale = self._device, self.config.scale
+        if dc is None:
+            got = self._call(
+                "attention", self.backend.attention, layer, _f32(query), batch, scale, **extra
+            )
+            out = _f64(got)
+            if out.shape != query.shape:
+                self._fail(
+                    "shape", f"attention returned shape {out.shape}, expected {query.shape}", layer
+                )
+            return out
+        q = dc.activations(query)
+        handed: dict[str, object] = {
+            "arrays": dc.metadata(self.step_index, batch),
+            "key": dc.activations(new_kv[0]),
+            "value": dc.activations(new_kv[1]),
+        }
+        got = self._call(
+            "attention", self.backend.attention, layer, q, batch, scale, **handed, **extra
+        )
+        self._unchanged("attention", {"query": q, **handed}, layer)
+        try:
+            return dc.output("attention", got, query.shape)
+        except ContractMismatch as err:
+            self._fail("shape", str(err), layer=layer)
+
+    def _read_device(self, layer: int, ids: list[int]) -> tuple[F64, F64]:
+        """Backend blocks ``ids`` through ``read_blocks``, checked, as float64 on the host."""
+        assert self._device is not None and self._read_blocks is not None
+        g = self.backend_geometry
+        got = self._call("read_blocks", self._read_blocks, layer, ids)
+        shape = (len(ids), g.block_size, g.num_kv_heads, g.head_dim)
+        try:
+            return self._device.blocks(f"read_blocks({layer}, ...)", got, shape)
+        except ContractMismatch as err:
+            self._fail("shape", str(err), layer=layer)
+
+    def _unchanged(self, what: str, handed: dict[str, object], layer: int) -> None:
+        assert self._device is not None
+        problem = self._device.changed(what, handed)
+        if problem:
+            self._fail("input", problem, layer=layer)
 
     def _shift_slots(self, slots: Sequence[int]) -> list[int]:
         shift = self.base * self.config.geometry.block_size
@@ -654,11 +752,30 @@ class Lockstep:
         self.coverage.note_step(num_seqs=0, decodes=0, max_offset=last)
 
     def _call(self, what: str, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
-        """One backend call, through the guard (:mod:`conformance.guard`)."""
-        try:
-            return self.guard.call(what, fn, *args, **kwargs)
-        except BackendFault as fault:
+        """One backend call, through the guard (:mod:`conformance.guard`) and the bounds check.
+
+        A bounds violation is reported before a fault of the same call: a
+        refused access may be what made the backend raise.
+        """
+        fault: BackendFault | None = None
+        with self._watch(what, args) as seen:
+            try:
+                result = self.guard.call(what, fn, *args, **kwargs)
+            except BackendFault as err:
+                fault = err
+        if seen is not None and seen.violations:
+            self._fail("bounds", _bounds_detail(seen), layer=seen.layer)
+        if fault is not None:
             self._fail(fault.kind, fault.detail, layer=fault.layer)
+        return result
+
+    def _watch(self, what: str, args: tuple[object, ...]) -> AbstractContextManager[Watched | None]:
+        """The bounds checker's watch over a call that launches kernels; else nothing."""
+        if self.bounds is None or what not in BOUNDS_CHECKED:
+            return nullcontext()
+        layer = args[0] if what != "copy_blocks" and isinstance(args[0], int) else None
+        batch = args[2] if what == "attention" and isinstance(args[2], BatchMetadata) else None
+        return self.bounds.watch(what, layer, batch)
 
     def _named(self, diff: Difference, layer: int) -> Difference:
         """``diff`` with the layer's attention variant and KV dtype (and fp8 scales) named."""
@@ -684,6 +801,23 @@ def _memory(g: KVGeometry) -> KVMemory:
         kv_dtype=g.kv_dtype,
         kv_scales=g.kv_scales,
     )
+
+
+def _bounds_detail(seen: Watched) -> str:
+    """A bounds failure's detail: the call's first violation, and how many more it had.
+
+    >>> from conformance.bounds import Violation
+    >>> v = Violation("attention", 0, "k", 1, "load", "outside", "t", "int32 [2]", False,
+    ...               2, 1, 1, 1, (0,))
+    >>> detail = _bounds_detail(Watched("attention", 0, violations=[v, v]))
+    >>> detail.split(": ")[0]
+    'a kernel accessed memory it may not (bounds check)'
+    >>> detail.split("; ")[-1]
+    'first by program (0,): element 2, 1 past the end (worst 1) (and 1 more violation in this call)'
+    """
+    first, more = seen.violations[0], len(seen.violations) - 1
+    tail = f" (and {more} more violation{'s' if more > 1 else ''} in this call)" if more else ""
+    return f"a kernel accessed memory it may not (bounds check): {first.describe()}{tail}"
 
 
 def _generic(why: str) -> str:

@@ -45,6 +45,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from conformance.bounds import BoundsChecker
 from conformance.coverage import Coverage
 from conformance.envelope import Envelope
 from conformance.groups import group_label
@@ -125,10 +126,16 @@ class LockstepMachine(RuleBasedStateMachine):
     """Random workloads against the spec and one backend, compared after every step."""
 
     def __init__(
-        self, backend: Backend, plan: Plan, stats: RunStats, on_example: Callable[[], None]
+        self,
+        backend: Backend,
+        plan: Plan,
+        stats: RunStats,
+        on_example: Callable[[], None],
+        bounds: BoundsChecker | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
+        self.bounds = bounds  # the run's bounds checker, shared by its examples
         self.plan = plan
         self.stats = stats
         self.on_example = on_example
@@ -170,6 +177,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 skips=self.stats.skips,
                 coverage=self.stats.coverage,
                 margins=self.stats.margins,
+                bounds=self.bounds,
             )
         except ConformanceFailure:
             self.stats.note_failure()

@@ -1,9 +1,10 @@
 """Deliberately broken backends: each is the numpy backend with one real bug class planted.
 
 The self-test runs the quick profile against every one and passes only if the
-suite catches them all. Each bug is one that production engines have shipped
-or nearly shipped (see the project's REFERENCES.md); the docstring says what
-the suite must do to see it.
+suite catches them all. Each is a bug class that production engines have
+shipped or nearly shipped (slot mapping off at a block boundary, padding slot
+-1 used as an index, int32 offsets that wrap in large pools, and so on); each
+class's docstring says what the suite must do to see it.
 """
 
 from __future__ import annotations

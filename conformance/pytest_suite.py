@@ -5,9 +5,10 @@
 The variable takes what ``--backend`` takes: an installed name, ``module:factory``
 or ``path/to/file.py:factory``. The other ``PAGED_SPEC_*`` variables
 (:data:`conformance.control.ENVIRONMENT`) set the profile, seed, examples,
-dtypes, long examples, time budget, shrinking and the per-call timeout. The
-lockstep runs in a child process, as ``python -m conformance run`` does, so a
-crash or a hang of the backend is reported as a failure of that test.
+dtypes, long examples, time budget, shrinking, the per-call timeout and the
+bounds check (``PAGED_SPEC_CHECK_BOUNDS``). The lockstep runs in a child
+process, as ``python -m conformance run`` does, so a crash or a hang of the
+backend is reported as a failure of that test.
 """
 
 from __future__ import annotations

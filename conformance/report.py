@@ -4,6 +4,9 @@ The replay script is the shrunk failing workload as plain Python: it loads the
 same backend by the same name and applies the same operations through a
 :class:`~conformance.lockstep.Lockstep`, which raises
 :class:`~conformance.lockstep.ConformanceFailure` at the first difference.
+A run with the bounds check on replays with the same check (a fresh
+:class:`~conformance.bounds.BoundsChecker` of the same mode), so a bounds
+failure replays as one; its reports carry the checker's summary and notes.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ import json
 import os
 import shlex
 import xml.etree.ElementTree as ET
-from dataclasses import asdict
+from collections.abc import Set as AbstractSet
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from conformance.bounds import CONTRACT
 from conformance.runner import PROFILES, RunResult
+from spec.backend import Capabilities
 
 
 def portable_ref(ref: str) -> str:
@@ -42,6 +48,7 @@ def replay_script(result: RunResult) -> str:
             "Raises conformance.ConformanceFailure at the first difference.",
             '"""',
             "from conformance import Lockstep, WorkloadConfig, load_backend",
+            *_bounds_import(result),
             "from spec.attention import AttentionVariant",
             "from spec.backend import KVGeometry",
             "",
@@ -53,10 +60,19 @@ def replay_script(result: RunResult) -> str:
     )
 
 
+def _bounds_import(result: RunResult) -> list[str]:
+    """The checker's import, for a script whose ``Lockstep`` line builds one."""
+    return ["from conformance.bounds import BoundsChecker"] if result.control.check_bounds else []
+
+
 def reproduce_command(result: RunResult) -> str:
+    if result.reproduce:
+        return result.reproduce
+    mode = result.control.check_bounds
     return (
         f"python -m conformance run --backend {shlex.quote(portable_ref(result.backend))} "
         f"--profile {result.profile} --seed {result.seed}"
+        + (f" --check-bounds {mode}" if mode else "")
     )
 
 
@@ -134,6 +150,7 @@ def verdict(result: RunResult) -> str:
     return {
         "crash": "FAILED: the backend process crashed",
         "hang": "FAILED: a backend call hung",
+        "bounds": "FAILED: a kernel accessed memory out of bounds",
         "internal": "FAILED: the run stopped with an error",
     }.get(result.difference.what, "FAILED")
 
@@ -154,6 +171,20 @@ def _run_lines(result: RunResult) -> list[str]:
     where = "in a child process" if result.isolated else "in this process"
     slowest = f"slowest {seconds:.2f} s: {call}" if call else "none made"
     lines.append(f"  backend calls {where}; {slowest}; per-call timeout {timeout}")
+    return lines + _bounds_lines(result)
+
+
+def _bounds_lines(result: RunResult) -> list[str]:
+    """The bounds check, when it was on: what it checked, its notes, and the rule it enforces."""
+    mode = result.control.check_bounds
+    if mode is None:
+        return []
+    if result.bounds is None:
+        return [f"  bounds check ({mode}): the run ended before the checker's summary"]
+    first, *notes = result.bounds.lines()
+    lines = [f"  {first} (in every example run, replays included)", *(f"  {n}" for n in notes)]
+    if result.difference is not None and result.difference.what == "bounds":
+        lines.append(f"  the contract (spec.batch.PADDING_RULE): {CONTRACT}")
     return lines
 
 
@@ -212,6 +243,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "control": asdict(result.control),
         "isolated": result.isolated,
         "slowest_call": {"call": result.slowest_call[0], "seconds": result.slowest_call[1]},
+        "bounds": None if result.bounds is None else result.bounds.to_json(),
         "wall_time_s": round(result.wall_time_s, 3),
         "examples": s.examples,
         "first_failure_example": s.first_failure_example,
@@ -230,11 +262,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
             "example_lean_ulps": dict(sorted(s.margins.lean.items())),
         },
         "skipped": _skips(result),
-        "capabilities": {
-            "name": result.capabilities.name,
-            "device": result.capabilities.device,
-            "dtypes": sorted(result.capabilities.dtypes),
-        },
+        "capabilities": _capabilities(result.capabilities),
         "failure": None
         if result.difference is None
         else {
@@ -253,6 +281,19 @@ def json_report(result: RunResult) -> dict[str, Any]:
             "diagnostics": list(result.diagnostics),
         },
     }
+
+
+def _capabilities(caps: Capabilities) -> dict[str, Any]:
+    """Every declared field (sets sorted, ``None`` for "any"); the excludes hook by presence."""
+    out: dict[str, Any] = {}
+    for f in fields(caps):
+        value = getattr(caps, f.name)
+        if f.name == "excludes":
+            value = value is not None
+        elif isinstance(value, AbstractSet):
+            value = sorted(value)
+        out[f.name] = value
+    return out
 
 
 def write_json(result: RunResult, path: Path) -> None:
@@ -278,6 +319,7 @@ def write_junit(result: RunResult, path: Path) -> None:
         ("seed", str(result.seed)),
         ("verdict", verdict(result)),
         ("complete", str(result.complete).lower()),
+        *(("bounds", line) for line in ([] if result.bounds is None else result.bounds.lines())),
     ):
         ET.SubElement(props, "property", name=name, value=value)
     classname = f"conformance.{result.backend}"

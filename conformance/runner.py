@@ -11,7 +11,12 @@ describe. A failure found is replayed once more from its replay script: a
 backend whose outcome differs is reported as not deterministic, with both
 outcomes. :class:`~conformance.control.RunControl` bounds the run: no
 shrinking, a shrink time limit, the long examples, a time budget, the per-call
-timeout.
+timeout; and may add the bounds check (``check_bounds``): one
+:class:`~conformance.bounds.BoundsChecker` for the whole run, whose
+:class:`~conformance.bounds.BoundsReport` the result carries. A run that cannot
+check anything is refused: before it starts, when Triton's interpreter is not
+in use; after its first example, when that example launched no interpreted
+Triton kernel.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from hypothesis.internal.conjecture import providers as _providers
 from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import run_state_machine_as_test
 
+from conformance.bounds import GPU_NOTE, BoundsChecker, BoundsReport, unusable
 from conformance.compare import Difference
 from conformance.control import RunControl
 from conformance.lockstep import ConformanceFailure
@@ -127,7 +133,8 @@ class RunResult:
     (``shrink_note`` says how far, or why not). ``nondeterminism``: the first
     outcome and the replay's, when the same workload gave two. ``diagnostics``:
     what a crashed or hung backend process printed last. ``interrupted``: the
-    user stopped the run (Ctrl-C).
+    user stopped the run (Ctrl-C). ``bounds``: the bounds check's report, when
+    ``control.check_bounds`` asked for one and the run finished.
     """
 
     backend: str
@@ -153,6 +160,8 @@ class RunResult:
     slowest_call: tuple[str, float] = ("", 0.0)
     isolated: bool = False
     interrupted: bool = False
+    bounds: BoundsReport | None = None  # what the bounds check checked (when it was on)
+    reproduce: str = ""  # the command that reproduces this result, when not ``run --seed``
 
     @property
     def passed(self) -> bool:
@@ -193,6 +202,7 @@ def run_suite(
     chosen = PROFILES[profile]
     if max_examples is not None and max_examples < 1:
         raise SetupError(f"max_examples must be at least 1, got {max_examples}")
+    bounds = _bounds_checker(control)
     caps = backend.capabilities
     plan = plan_for(caps, dtypes)
     stats = RunStats()
@@ -238,7 +248,7 @@ def run_suite(
             suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
             db = _database(database, backend_ref + suffix)
             config = _settings(count, chosen.pass_steps(plan_now.kind), db, control.shrink)
-            _run_pass(result, backend, plan_now, config, tick, clock, watch)
+            _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds)
             if result.difference is not None or result.stopped:
                 break
         if result.difference is not None:
@@ -246,7 +256,22 @@ def run_suite(
             _check_replay(result, backend, watch)
         result.slowest_call = watch.slowest
     result.wall_time_s = time.monotonic() - start
+    result.bounds = None if bounds is None else bounds.report()
     return result
+
+
+def _bounds_checker(control: RunControl) -> BoundsChecker | None:
+    """The run's bounds checker, if asked for; :class:`SetupError` when it could check nothing."""
+    if control.check_bounds is None:
+        return None
+    why = unusable()
+    if why is not None:
+        raise SetupError(f"--check-bounds: {why}; {GPU_NOTE}")
+    return BoundsChecker.for_mode(control.check_bounds)
+
+
+class _NothingChecked(KeyboardInterrupt):
+    """Stops Hypothesis (as :class:`_BudgetSpent` does): an example ran, no kernel was checked."""
 
 
 def _pass_count(result: RunResult, profile: Profile, kind: str, override: int | None) -> int:
@@ -404,13 +429,20 @@ def _run_pass(
     tick: Callable[[], None],
     clock: _Clock,
     watch: RunWatch,
+    bounds: BoundsChecker | None = None,
 ) -> None:
-    """One Hypothesis run of the machine; a failure, or why it stopped, goes in ``result``."""
+    """One Hypothesis run of the machine; a failure, or why it stopped, goes in ``result``.
+
+    Raises :class:`SetupError` when bounds checking is on and the first
+    example launched no kernel the checker could see.
+    """
 
     def factory() -> LockstepMachine:
         if not clock.may_start_example():
             raise _BudgetSpent
-        return LockstepMachine(backend, plan, result.stats, tick)
+        if bounds is not None and result.stats.examples and not bounds.launches:
+            raise _NothingChecked
+        return LockstepMachine(backend, plan, result.stats, tick, bounds)
 
     try:
         # Hypothesis accepts any zero-argument callable that returns a machine.
@@ -420,6 +452,12 @@ def _run_pass(
         _record(result, failure, shrunk=Phase.shrink in config.phases)
     except _BudgetSpent:
         result.stopped = "time budget"
+    except _NothingChecked:
+        raise SetupError(
+            "--check-bounds: the first example's backend calls (the cache's creation, writes, "
+            "copies and reads, and attention) launched no Triton kernel under the interpreter, "
+            f"so nothing could be checked (only interpreted Triton launches are); {GPU_NOTE}"
+        ) from None
     except CallTimeout:
         _record_hang(result, watch)
     except Flaky as err:  # the same workload failed, then passed (or failed otherwise)
@@ -530,6 +568,8 @@ def same_outcome(a: Difference, b: Difference) -> bool:
     where = ("what", "step", "layer", "seq_id", "token", "head", "block", "offset")
     if any(getattr(a, k) != getattr(b, k) for k in where):
         return False
+    if a.what == "bounds":  # kernel, launch, argument, offset and counts: all deterministic
+        return a.detail == b.detail
     if a.what in ("exception", "shape", "input", "alias"):
         return a.detail.split(":")[0] == b.detail.split(":")[0]
     return a.expected == b.expected and a.actual == b.actual

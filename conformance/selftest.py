@@ -6,9 +6,10 @@ each backend of :data:`conformance.planted.PLANTED`, and against the correct
 numpy backend and the spec's reference backend, which must pass. A planted
 bug that names ``selftest_passes`` (the KV cache group bugs: only the groups
 pass draws groups) runs those passes alone: each pass is seeded on its own,
-so the pass draws what it would draw in the whole run. Then the
-scheduler suite does the same for its planted schedulers
-(:mod:`conformance.scheduler_suite_selftest`).
+so the pass draws what it would draw in the whole run. Then the bounds check
+against planted out-of-bounds kernels and the project's Triton backend
+(:mod:`conformance.selftest_bounds`), and the scheduler suite against its
+planted schedulers (:mod:`conformance.scheduler_suite_selftest`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from conformance.numpy_backend import NumpyPagedBackend
 from conformance.planted import PLANTED
 from conformance.runner import run_suite
 from conformance.scheduler_suite_selftest import scheduler_selftest
+from conformance.selftest_bounds import bounds_selftest
 from spec.backend import ReferenceBackend
 
 SELFTEST_SEED = 20240601
@@ -51,5 +53,6 @@ def selftest(out: Callable[[str], None] = print) -> bool:
         else:
             out(f"  MISSED  {label} ({ref})")
     out(f"caught {caught}/{len(PLANTED)} in {time.monotonic() - start:.1f} s")
+    bounds_ok = bounds_selftest(out)
     schedulers_ok = scheduler_selftest(out)
-    return ok and caught == len(PLANTED) and schedulers_ok
+    return ok and caught == len(PLANTED) and bounds_ok and schedulers_ok

@@ -31,16 +31,18 @@ prints its verdict and seed in pytest's terminal summary, passing or not.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from conformance.control import RunControl, environment_options
+from conformance.device_contract import DeviceContract, uses_device_contract
 from conformance.isolation import Request, database_arg, run_isolated
 from conformance.plan import SetupError, plan_for
 from conformance.report import summary_lines, text_report
 from conformance.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
-from spec.backend import DTYPES, Backend, Capabilities, KVGeometry
+from spec.backend import DTYPES, Backend, Capabilities, FloatArray, KVGeometry
 
 PROFILE_ENV_VAR = "PAGED_SPEC_PROFILE"
 _PLUGIN = "paged-spec-conformance-summary"
@@ -76,8 +78,7 @@ class BackendConformance:
         )
         backend.create_cache(g)
         rows = np.arange(g.head_dim, dtype=np.float32).reshape(1, 1, g.head_dim) / 4
-        backend.write_kv(0, rows, -rows, slot_mapping=[g.block_size])  # block 1, offset 0
-        k, v = backend.read_cache(0)
+        k, v = _write_then_read(backend, g, rows, slot=g.block_size)  # block 1, offset 0
         assert np.array_equal(np.asarray(k)[1, 0], rows[0]), "K did not read back exactly"
         assert np.array_equal(np.asarray(v)[1, 0], -rows[0]), "V did not read back exactly"
 
@@ -164,6 +165,28 @@ def _summary(config: pytest.Config) -> _Summary:
         plugin = _Summary()
         config.pluginmanager.register(plugin, _PLUGIN)
     return plugin
+
+
+def _write_then_read(
+    backend: Backend, g: KVGeometry, rows: FloatArray, slot: int
+) -> tuple[object, object]:
+    """K ``rows`` and V ``-rows`` written to ``slot``; blocks 0 and 1 of layer 0 read back.
+
+    In the backend's own contract: numpy, or the device-resident one
+    (:mod:`conformance.device_contract`: tensors in, ``read_blocks`` out).
+    """
+    caps = backend.capabilities
+    if not uses_device_contract(caps):
+        backend.write_kv(0, rows, -rows, slot_mapping=[slot])
+        return backend.read_cache(0)
+    dc = DeviceContract(caps, g)
+    x = rows.astype(np.float64)
+    write: Callable[..., object] = backend.write_kv  # tensors: the Protocol spells numpy
+    write(0, dc.activations(x), dc.activations(-x), dc.slots(0, [slot]))
+    read_blocks = getattr(backend, "read_blocks", None)
+    assert callable(read_blocks), "the device contract needs read_blocks(layer, blocks)"
+    shape = (2, g.block_size, g.num_kv_heads, g.head_dim)
+    return dc.blocks("read_blocks(0, [0, 1])", read_blocks(0, [0, 1]), shape)
 
 
 def _block_size(backend: Backend) -> int:

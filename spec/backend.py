@@ -7,11 +7,13 @@ PyTorch backend, the spec itself (:class:`ReferenceBackend`) and any third
 party's backend are interchangeable under the conformance suite and the engine.
 
 Arrays cross the boundary as numpy ``float32`` (or ``float64``) so that a
-backend in any framework can plug in. Values handed to a backend are already
-representable in its activation dtype (the caller rounds them), so writing then
-reading back an unquantized cache must return them bit for bit; an fp8 cache
-stores what :func:`spec.quant.quantize` gives, and reading back returns those
-stored fp8 values (not multiplied by the scale). A backend keeps its cache in
+backend in any framework can plug in (the default contract; a torch backend
+may declare the device-resident one instead: see :class:`Backend`). Values
+handed to a backend are already representable in its activation dtype (the
+caller rounds them), so writing then reading back an unquantized cache must
+return them bit for bit; an fp8 cache stores what :func:`spec.quant.quantize`
+gives, and reading back returns those stored fp8 values (not multiplied by
+the scale). A backend keeps its cache in
 the layout ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer, for
 K and for V, or converts to it in :meth:`Backend.read_cache`.
 
@@ -73,7 +75,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5
 
 TENSOR_KINDS = ("numpy", "torch")
 """How arrays cross the boundary: numpy on the host (the default), or torch tensors on the
-backend's device (the device-resident contract, see docs/plugging-in.md)."""
+backend's device (the device-resident contract: see :class:`Backend`)."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,46 @@ class Backend(Protocol):
     suite compare a large pool without copying all of it), and
     ``attention_path()`` (a short description of the internal path the last
     :meth:`attention` call took, such as "split-KV x4", printed in reports).
+
+    **The device-resident contract** (``Capabilities.tensors == "torch"``;
+    the numpy contract is the default, and unchanged). Arrays cross as torch
+    tensors on ``Capabilities.device``, so a device-resident (or CUDA-graph)
+    path is tested as it runs. Activation dtype means ``geometry.dtype``;
+    ``T`` is the call's tokens, ``S`` its sequences.
+
+    * ``write_kv(layer, key, value, slot_mapping)``: ``key``, ``value``
+      ``[>= T, H_kv, D]`` of the activation dtype; ``slot_mapping`` ``[T]``
+      int64 (``-1`` writes nothing).
+    * ``copy_blocks(copies)``: as in the numpy contract (host pairs).
+    * ``attention(layer, query, batch, scale, *, arrays, key, value)`` (and
+      ``variant=`` as usual): ``query`` ``[T, H, D]`` of the activation
+      dtype; ``batch`` the host :class:`~spec.batch.BatchMetadata` (host
+      scalars for grid sizes; validation); ``arrays`` the same batch as
+      ``batch.arrays()`` on the device (:class:`~spec.batch.BatchArrays`:
+      int32 ``query_start_loc`` ``[S + 1]``, ``seq_lens`` ``[S]``,
+      ``block_tables`` and ``group_tables[g]`` ``[S, W]``; int64
+      ``slot_mapping``, ``group_slots[g]`` and ``positions`` ``[T]``,
+      ``copies`` ``[n, 2]``), built once per step and shared by every layer;
+      ``key``, ``value`` the call's new K and V, ``[T, H_kv, D]`` of the
+      activation dtype, row ``t`` the token of query row ``t``. They are
+      already written: an unquantized cache holds exactly these at their
+      slots (a quantized one ``spec.quant.quantize`` of them), so an extend
+      kernel may use them instead of reading those slots back. Returns
+      ``[T, H, D]`` of the activation dtype on the device.
+    * ``read_blocks(layer, blocks)`` is required: ``blocks`` a list of ids;
+      K and V each ``[len(blocks), B, H_kv, D]`` of the cache dtype
+      (``torch.float8_e4m3fn`` / ``float8_e5m2`` for fp8) on the device, in
+      memory of their own (not views of the cache). It is the suite's only
+      read, and it reads only the blocks it compares (those each step wrote
+      or copied into, with their neighbours; the whole pool every few steps
+      and at the end): no whole-cache copy per step. ``read_cache`` follows
+      the same rules for every block.
+    * Inputs are read-only: the step's metadata tensors are handed to every
+      layer, so a backend must never change an input in place.
+
+    A return of the wrong kind, device, dtype or shape is a conformance
+    failure naming what came back and what was expected
+    (:mod:`conformance.device_contract`).
     """
 
     @property

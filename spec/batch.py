@@ -16,9 +16,10 @@ what a tensor backend should use, and what :meth:`BatchMetadata.arrays` gives):
 * ``seq_lens`` (S, int32): sequence ``i``'s context length *including* its
   new tokens. Its new tokens sit at the last ``query_len`` positions.
 * ``block_tables`` (S x max_blocks, int32): each sequence's block table, padded
-  with :data:`PAD_BLOCK`. A kernel may never use an entry past
-  ``ceil(seq_len / B)`` as a block id (reading the padding itself is allowed;
-  the conformance suite's strict bounds mode flags even that).
+  with :data:`PAD_BLOCK`. What a kernel may do with the padding, and with
+  memory in general, is :data:`PADDING_RULE` (the conformance suite's bounds
+  check enforces exactly that sentence): it may read a padding entry, never
+  use one as a block id, and never access memory outside the tensors it is given.
 * ``slot_mapping`` (T, int64): the slot each new token's K and V go to.
 * ``positions`` (T, int64): each new token's position in its sequence.
 * ``copies`` (pairs of int): copy-on-write copies ``(src, dst)`` to execute,
@@ -69,6 +70,20 @@ from spec.validate import check_int
 
 A = TypeVar("A")
 B = TypeVar("B")
+
+PADDING_RULE = (
+    "Entries of row i past ceil(seq_lens[i] / block_size) are padding and must never be "
+    "dereferenced as block ids; a kernel may read them (allowed by default, flagged in strict "
+    "mode), but any access outside the tensors passed to a launch is always a violation."
+)
+"""The contract on block-table padding and memory bounds, in one sentence.
+
+Reading a padding entry is allowed because the entry exists (it is part of the
+table the caller allocated); using it as a block id is not (:data:`PAD_BLOCK`
+points before the pool). ``conformance.bounds`` checks exactly this: by
+default any access outside the tensors of a kernel launch, and in strict mode
+reads of padding entries too.
+"""
 
 
 def slot_of(table: Sequence[int], position: int, block_size: int) -> int:

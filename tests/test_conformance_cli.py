@@ -42,6 +42,10 @@ def test_reference_conforms_and_writes_both_reports(
     data = json.loads(report.read_text())
     assert data["passed"] is True and data["seed"] == 3 and data["failure"] is None
     assert data["rules"]["fork"] > 0 and data["rules"]["prefix-cache hit"] > 0
+    caps = data["capabilities"]  # every declared field, so a reader sees what was skipped
+    assert caps["variants"] == ["alibi", "sinks", "softcap", "window"]
+    assert caps["kv_dtypes"] == ["fp8_e4m3", "fp8_e5m2"] and caps["head_dims"] is None
+    assert caps["excludes"] is False and caps["tensors"] == "numpy"
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "0" and suite.find("testcase") is not None
 

@@ -18,12 +18,14 @@ def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a hang guard; the selftest takes about 1.5 min of CPU
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"caught {len(PLANTED)}/{len(PLANTED)}" in done.stdout
     assert "MISSED" not in done.stdout and "false alarm" not in done.stdout
     assert "correct backend numpy: passes" in done.stdout
+    assert "correct backend triton --check-bounds strict: passes" in done.stdout
+    assert "bounds check: caught 2/2" in done.stdout
 
 
 def test_there_are_at_least_ten_distinct_planted_bugs() -> None:

@@ -10,6 +10,11 @@ of this process (so that other jobs on a shared machine do not count), in a
 rotating order (so that no mode always runs first); the medians and their
 ratios to the unchecked run are printed. Outside ``watch`` nothing is hooked,
 so an unchecked run costs exactly what it did before the checker existed.
+
+``--suite N`` measures a run of the suite instead: ``N`` short examples of the
+quick profile on the Triton backend (one seed, so each mode runs the same
+workloads; no long-context examples, no shrinking), unchecked and with
+``--check-bounds`` in each mode, in CPU time, with the ratio to the unchecked run.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import numpy as np
 
 import backend_gpu  # noqa: F401  (interpreter on CPU-only machines, before triton)
 from backend_gpu.triton_backend import TritonBackend
-from conformance.bounds import BoundsChecker
+from conformance.bounds import MODES, BoundsChecker
+from conformance.control import RunControl
+from conformance.runner import RunResult, run_suite
 from spec.backend import KVGeometry
 from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
@@ -58,13 +65,58 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.process_time() - start
 
 
+_SUITE_SEED = 20240601
+
+
+def _suite(examples: int) -> None:
+    """Print the suite's CPU time on the Triton backend unchecked and in each bounds mode."""
+
+    def run(mode: str | None, count: int) -> RunResult:
+        control = RunControl(shrink=False, long_examples=0, check_bounds=mode)
+        result = run_suite(
+            TritonBackend(device="cpu"),
+            "triton",
+            run_seed=_SUITE_SEED,
+            database=None,
+            max_examples=count,
+            control=control,
+            passes=("short",),
+        )
+        assert result.passed, result.difference
+        return result
+
+    run(None, 1)  # warm-up: each kernel's first launch rewrites it for the interpreter
+    runs: dict[str, tuple[float, RunResult]] = {}
+    for mode in (None, *MODES):
+        start = time.process_time()
+        result = run(mode, examples)
+        runs[mode or "unchecked"] = (time.process_time() - start, result)
+    base = runs["unchecked"][0]
+    r = runs["unchecked"][1]
+    print(
+        f"the suite on the Triton backend: {r.stats.examples} short examples, {r.stats.steps} "
+        f"steps (seed {_SUITE_SEED}), Triton interpreter, CPU time:"
+    )
+    for name, (seconds, result) in runs.items():
+        checked = "" if result.bounds is None else f"   {result.bounds.summary}"
+        print(f"  {name:9s} {seconds:8.2f} s   {seconds / base:5.2f}x unchecked{checked}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_bounds", description=__doc__)
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per mode (>= 1)")
     parser.add_argument("--quick", action="store_true", help="a tiny step, once (a smoke test)")
+    parser.add_argument(
+        "--suite", type=int, metavar="N", help="time N short examples of the suite instead"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.suite is not None:
+        if args.suite < 1:
+            parser.error(f"--suite must be at least 1 example, got {args.suite}")
+        _suite(args.suite)
+        return 0
     repeats = 1 if args.quick else args.repeats
     backend, batch, query = _step(_QUICK if args.quick else _WORK)
 

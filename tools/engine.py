@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
+from conformance.discovery import load_backend
+from conformance.plan import SetupError
 from spec.backend import Backend, KVGeometry
 from spec.request import Request
 from spec.scheduler import FinishedRequest, Scheduler, SchedulerOutput
@@ -128,18 +130,21 @@ class Engine:
                 self.backend.write_kv(layer, k, v, s.slots)
 
 
-def make_backend(name: str) -> Backend:
-    """``reference``, ``torch`` or ``triton`` (the default backend of the project)."""
-    if name == "reference":
-        from spec.backend import ReferenceBackend
+def make_backend(ref: str) -> Backend:
+    """The backend ``ref`` names, through the one loader the conformance suite uses.
 
-        return ReferenceBackend()
-    if name == "torch":
-        from backend_gpu.torch_backend import TorchBackend
-
-        return TorchBackend()
-    if name == "triton":
-        from backend_gpu.triton_backend import TritonBackend
-
-        return TritonBackend()
-    raise ValueError(f"unknown backend {name!r}: reference, torch or triton")
+    ``ref`` is anything ``python -m conformance run --backend`` accepts: an
+    installed name (``reference``, ``torch``, ``triton``), ``module:factory``
+    or ``path/to/file.py:factory``. The engine drives the numpy contract, so a
+    backend that declares the device-resident one (``tensors="torch"``) is
+    refused here, by name, rather than failing inside the first step.
+    Raises :class:`conformance.plan.SetupError` saying what to fix.
+    """
+    backend = load_backend(ref)
+    tensors = backend.capabilities.tensors
+    if tensors != "numpy":
+        raise SetupError(
+            f"{ref!r} declares tensors={tensors!r}: the engine drives the numpy contract "
+            "(spec/backend.py); build the backend with the default tensors='numpy'"
+        )
+    return backend

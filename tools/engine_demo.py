@@ -1,6 +1,11 @@
 """Continuous batching end to end: a few dozen requests through the engine, checked.
 
-``python -m tools.engine_demo [--backend triton|torch|reference] [--requests N]``
+``python -m tools.engine_demo [--backend BACKEND] [--requests N]``
+
+``BACKEND`` is anything the conformance suite's ``--backend`` accepts (one
+loader, :func:`conformance.discovery.load_backend`): ``triton`` (the default),
+``torch``, ``reference``, ``module:factory`` or ``path/to/file.py:factory``,
+so a third party's backend runs through the engine exactly as it conforms.
 
 Runs requests of mixed lengths (short chats and long documents, some sharing a
 system prompt, some with parallel samples, greedy and sampled) through the
@@ -26,6 +31,8 @@ from collections.abc import Sequence
 
 import torch
 
+from conformance.plan import SetupError
+from spec.backend import Backend
 from spec.errors import CapacityError
 from spec.kv_budget import cdiv
 from spec.metrics import format_table
@@ -64,14 +71,14 @@ def make_requests(count: int, seed: int) -> tuple[list[Request], dict[int, int]]
 
 
 def run(
-    backend_name: str,
+    backend: Backend,
     scheduler_cls: type[ContinuousScheduler],
     config: SchedulerConfig,
     model: TinyModel,
     requests: Sequence[Request],
     arrivals: dict[int, int],
 ) -> Engine:
-    engine = Engine(model, make_backend(backend_name), scheduler_cls(config))
+    engine = Engine(model, backend, scheduler_cls(config))
     engine.run(requests, arrivals)
     return engine
 
@@ -87,7 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.engine_demo", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--backend", default="triton", choices=["triton", "torch", "reference"])
+    parser.add_argument(
+        "--backend",
+        default="triton",
+        help="triton (default), torch, reference, module:factory or path/to/file.py:factory",
+    )
     parser.add_argument("--requests", type=positive_int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-blocks", type=positive_int, default=40)
@@ -99,9 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # tiny matrices: threads only contend
 
+    try:
+        backend = make_backend(args.backend)
+    except SetupError as e:  # a spec that names no usable backend: a usage error
+        parser.error(f"--backend {args.backend}: {e}")
     model = TinyModel()
     if args.beams is not None:
-        return beams(args, model)
+        return beams(args, model, backend)
     args.block_size = args.block_size or 8
     requests, arrivals = make_requests(args.requests, args.seed)
     config = SchedulerConfig(
@@ -115,14 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         enable_prefix_caching=True,
     )
     try:
-        engine = run(args.backend, ContinuousScheduler, config, model, requests, arrivals)
+        engine = run(backend, ContinuousScheduler, config, model, requests, arrivals)
     except CapacityError as e:  # a pool too small for the requests: a usage error
         parser.error(f"--num-blocks {args.num_blocks} x --block-size {args.block_size}: {e}")
     report(f"continuous batching on {args.backend}", engine)
     if args.baseline:
-        report(
-            "static batching", run(args.backend, StaticScheduler, config, model, requests, arrivals)
-        )
+        report("static batching", run(backend, StaticScheduler, config, model, requests, arrivals))
 
     same = 0
     for r in requests:
@@ -135,13 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if same == len(requests) else 1
 
 
-def beams(args: argparse.Namespace, model: TinyModel) -> int:
+def beams(args: argparse.Namespace, model: TinyModel, backend: Backend) -> int:
     """The beam search demo: blocks per step, then the check against contiguous beam search."""
     prompt, block_size = tuple(range(100, 120)), args.block_size or 16
     need = max(args.num_blocks, args.beams * (cdiv(len(prompt) + args.steps, block_size) + 1))
     found, record = paged_beam_search(
         model,
-        make_backend(args.backend),
+        backend,
         prompt,
         args.beams,
         args.steps,

@@ -197,12 +197,47 @@ class _Browser:
         path.write_bytes(base64.b64decode(shot["data"]))
         return width, int(height)
 
+    def problems(self) -> list[str]:
+        """What :data:`_PROBLEMS_JS` finds on the page loaded last."""
+        found = self.call(
+            "Runtime.evaluate", session=True, expression=_PROBLEMS_JS, returnByValue=True
+        )["result"].get("value", [])
+        return [str(x) for x in found]
+
     def close(self) -> None:
         with contextlib.suppress(RuntimeError, OSError):
             self.call("Browser.close")
         self.proc.wait(timeout=30)
         self._out.close()
         os.close(self._in)
+
+
+_PROBLEMS_JS = r"""
+(() => {
+  const out = [];
+  for (const code of document.querySelectorAll("pre > code")) {
+    if (code.scrollWidth > code.clientWidth + 1) {
+      const lines = code.innerText.split("\n");
+      const longest = lines.reduce((a, b) => (b.length > a.length ? b : a), "");
+      out.push(`clipped code (${longest.length} chars, ${code.clientWidth}px shown): ` +
+               longest.trim().slice(0, 70));
+    }
+  }
+  const text = document.querySelector("article").innerText;
+  for (const literal of ["<BLANKLINE>", "\\|"]) {
+    if (text.includes(literal)) out.push(`literal ${literal} in the page text`);
+  }
+  for (const img of document.querySelectorAll("article img")) {
+    if (img.naturalWidth && img.clientWidth < 0.75 * img.naturalWidth) {
+      out.push(`figure shrunk to ${Math.round(100 * img.clientWidth / img.naturalWidth)}%: ` +
+               img.getAttribute("src"));
+    }
+  }
+  return out;
+})()
+"""
+"""What the eye would catch, found in the rendered page: code wider than its block,
+a literal ``<BLANKLINE>`` or ``\\|``, and figures drawn at under 3/4 of their size."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -226,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             name = (page.strip("/").replace("/", "_") or "index") + ".png"
             w, h = browser.screenshot(server.url + page, args.width, args.out / name)
             print(f"{args.out / name}  {w}x{h}")
+            for problem in browser.problems():
+                print(f"  {problem}")
     finally:
         browser.close()
         server.close()

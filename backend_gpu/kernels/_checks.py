@@ -94,11 +94,6 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division: ``cdiv(7, 4) == 2``."""
-    return -(-a // b)
-
-
 def independent_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> list[tuple[int, int]]:
     """A step's copy list, validated: ids in the pool, copies independent of their order.
 

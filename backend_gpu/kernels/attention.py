@@ -47,7 +47,6 @@ import triton.language as tl
 
 from backend_gpu.kernels._checks import (
     FLOAT_DTYPES,
-    cdiv,
     check_cache_pair,
     check_device,
     check_last_dim_dense,
@@ -57,6 +56,7 @@ from backend_gpu.kernels._checks import (
 )
 from backend_gpu.kernels._fp8 import FP8_NAMES, as_bytes, fp8_constexprs, fp8_decode
 from spec.errors import InvalidRequestError
+from spec.kv_budget import cdiv
 from spec.validate import check_int, check_scale
 
 _LOG2E = 1.4426950408889634
