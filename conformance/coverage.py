@@ -46,6 +46,10 @@ class Coverage:
     widest_decodes: int = 0
     widest_mixed: tuple[int, int] = (0, 0)  # decodes and prefill chunks of the widest mixed call
     max_offset: int = 0
+    group_examples: int = 0  # examples whose layers form several KV cache groups
+    group_layouts: set[str] = field(default_factory=set)  # their groups, as reports name them
+    released_entries: int = 0  # block-table entries that sliding windows released
+    released_rows: int = 0  # batch table rows handed over with released entries
 
     def note_shape(
         self, *, head_dim: int, block_size: int, num_kv_heads: int, gqa_ratio: int, dtype: str
@@ -64,6 +68,16 @@ class Coverage:
             self.widest_mixed = (decodes, num_seqs - decodes)
         self.max_offset = max(self.max_offset, max_offset)
 
+    def note_group_example(self, layout: str) -> None:
+        """An example whose layers form KV cache groups (``layout`` names them)."""
+        self.group_examples += 1
+        self.group_layouts.add(layout)
+
+    def note_released(self, entries: int, rows: int) -> None:
+        """A step of such an example: ``entries`` newly released, ``rows`` rows that show some."""
+        self.released_entries += entries
+        self.released_rows += rows
+
     def describe(self) -> list[str]:
         odd_d = {d for d in self.head_dims if not _pow2(d)}
         odd_b = {b for b in self.block_sizes if not _pow2(b)}
@@ -81,6 +95,25 @@ class Coverage:
             else f"widest mixed step: {self.widest_mixed[0]} decodes with "
             f"{self.widest_mixed[1]} prefill chunks",
             f"largest KV element offset: {self.max_offset} (past 2^31: {past})",
+            *self._describe_groups(),
+        ]
+
+    def _describe_groups(self) -> list[str]:
+        """A line on the KV cache group examples, when any ran.
+
+        >>> cov = Coverage()
+        >>> cov.note_group_example("full attention (layer 0) + sliding window 4 (layer 1)")
+        >>> cov.note_released(entries=3, rows=5)
+        >>> print("\\n".join(cov._describe_groups()))
+        KV cache groups: 1 example (1 layout), 3 table entries released, 5 rows attended past them
+        """
+        if not self.group_examples:
+            return []
+        n, k = self.group_examples, len(self.group_layouts)
+        return [
+            f"KV cache groups: {n} example{'s' * (n != 1)} ({k} layout{'s' * (k != 1)}), "
+            f"{self.released_entries} table entries released, "
+            f"{self.released_rows} rows attended past them"
         ]
 
     def to_json(self) -> dict[str, Any]:
@@ -98,4 +131,10 @@ class Coverage:
             },
             "max_kv_element_offset": self.max_offset,
             "past_int32": self.max_offset >= INT32_LIMIT,
+            "kv_groups": {
+                "examples": self.group_examples,
+                "layouts": sorted(self.group_layouts),
+                "released_entries": self.released_entries,
+                "released_rows": self.released_rows,
+            },
         }

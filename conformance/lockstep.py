@@ -80,6 +80,7 @@ from conformance.device_contract import (
     uses_device_contract,
 )
 from conformance.dtypes import F64, round_to
+from conformance.group_memory import GroupMemory, describe_groups, released_rows
 from conformance.guard import BackendFault, CallGuard
 from conformance.numerics import (
     LARGE_LOGITS,
@@ -158,8 +159,12 @@ class Lockstep:
         self.guard = CallGuard() if guard is None else guard
         self.config = config
         self.base = config.block_base
-        self.manager = BlockManager(
-            g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching
+        self.groups = GroupMemory(config) if config.group_windows else None
+        self._released = 0  # table entries released by windows, as last noted in the coverage
+        self.manager = (
+            BlockManager(g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching)
+            if self.groups is None
+            else self.groups.manager  # group 0's: read it, the groups' memory drives it
         )
         self.memory = _memory(g)
         self.truth = TokenKV(config)
@@ -190,6 +195,8 @@ class Lockstep:
             dtype=g.dtype,
         )
         self._guards = self._guard_blocks()
+        if self.groups is not None:
+            self.coverage.note_group_example(describe_groups(config))
         self.guard.attach(self)  # the guard reports the workload with each call
         with self._op():
             self._call("create_cache", backend.create_cache, self.backend_geometry)
@@ -207,18 +214,26 @@ class Lockstep:
         """Start a sequence; return how many prompt tokens the prefix cache supplied."""
         self.log.append(f"ls.add({seq_id}, {list(prompt)!r})")
         with self._op():
+            if self.groups is not None:
+                return self.groups.add(seq_id, prompt)
             return self.manager.add_sequence(seq_id, prompt)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         self.log.append(f"ls.fork({parent_id}, {child_id})")
         with self._op():
-            self.manager.fork(parent_id, child_id)
+            if self.groups is not None:
+                self.groups.fork(parent_id, child_id)
+            else:
+                self.manager.fork(parent_id, child_id)
             self._truth.fork(parent_id, child_id)
 
     def free(self, seq_id: int) -> None:
         self.log.append(f"ls.free({seq_id})")
         with self._op():
-            self.manager.free(seq_id)
+            if self.groups is not None:
+                self.groups.free(seq_id)
+            else:
+                self.manager.free(seq_id)
             self._truth.drop(seq_id)
 
     def step(self, schedule: Sequence[tuple[int, Sequence[int]]]) -> list[int]:
@@ -232,7 +247,7 @@ class Lockstep:
             if not ran:
                 return []
             self.step_index += 1
-            batch = build_batch(self.manager, ran)
+            batch = self._layout(ran)
             self._call("copy_blocks", self.backend.copy_blocks, self._shift_copies(batch.copies))
             self.memory.copy_blocks(batch.copies)
             calls = self._attention_calls(batch)
@@ -266,6 +281,13 @@ class Lockstep:
 
     # -- checks -------------------------------------------------------------------
 
+    def check_integrity(self) -> None:
+        """The spec's block-table and pool invariants (every group's, with KV cache groups)."""
+        if self.groups is not None:
+            self.groups.check_integrity()
+        else:
+            self.manager.check_integrity()
+
     def check_cache(self) -> None:
         """Every block of the spec's pool (and the guards) equals the backend's, bit for bit."""
         with self._op():
@@ -277,7 +299,7 @@ class Lockstep:
         ids = (
             list(range(g.num_blocks)) if blocks is None else [x for x in blocks if x < g.num_blocks]
         )
-        owners = self._owners()
+        owners = [self._owners(group) for group in range(g.num_groups)]
         b, row = g.block_size, (g.num_kv_heads, g.head_dim)
         slots = (np.asarray(ids, dtype=np.int64)[:, None] * b + np.arange(b)).reshape(-1)
         for layer in range(g.num_layers):
@@ -290,7 +312,7 @@ class Lockstep:
                     name,
                     spec.reshape(-1, *row),
                     actual.reshape(-1, *row),
-                    owners,
+                    owners[g.group_of(layer)],
                     b,
                     slots=slots,
                     block_offset=self.base,
@@ -336,11 +358,11 @@ class Lockstep:
         live = self.manager.sequence_ids() if seq_ids is None else seq_ids
         for seq_id in live:
             tokens = self.manager.tokens(seq_id)
-            table = self.manager.block_table(seq_id)
             for layer in range(self.config.geometry.num_layers):
-                k, v = self.memory.gather(layer, table, len(tokens))
+                table, start = self._held(seq_id, layer)
+                k, v = self.memory.gather(layer, table, len(tokens), start=start)
                 tk, tv = (
-                    self._as_read(x, layer, i)
+                    self._as_read(x[start:], layer, i)
                     for i, x in enumerate(self._truth.rows(seq_id, tokens, layer))
                 )
                 if not (np.array_equal(k, tk) and np.array_equal(v, tv)):
@@ -429,6 +451,11 @@ class Lockstep:
         self._check_kv(None, None)
 
     def _append(self, seq_id: int, tokens: Sequence[int]) -> bool:
+        if self.groups is not None:
+            ran = self.groups.append(seq_id, tokens)
+            if not ran:
+                self.checks["failed allocations left every KV cache group unchanged"] += 1
+            return ran
         m = self.manager
         before = (m.block_table(seq_id), m.num_tokens(seq_id), m.pool.num_available)
         try:
@@ -535,8 +562,29 @@ class Lockstep:
             values.append(v[new])
         return np.concatenate(keys), np.concatenate(values)
 
-    def _owners(self) -> dict[int, tuple[int, int]]:
-        """Slot -> (sequence, token) for every live token (the lowest sequence id if shared)."""
+    def _layout(self, ran: Sequence[tuple[int, int]]) -> BatchMetadata:
+        """The step's batch; with KV cache groups, validated and its released entries counted."""
+        if self.groups is None:
+            return build_batch(self.manager, ran)
+        batch = self.groups.layout(ran)
+        batch.validate(self.config.geometry.num_blocks)
+        self.checks["batch metadata of KV cache groups validated"] += 1
+        released = self.groups.released - self._released
+        self._released = self.groups.released
+        self.coverage.note_released(released, released_rows(batch))
+        return batch
+
+    def _held(self, seq_id: int, layer: int) -> tuple[tuple[int, ...], int]:
+        """The table ``layer`` reads for ``seq_id``, and its first position in a held block."""
+        if self.groups is None:
+            return self.manager.block_table(seq_id), 0
+        return self.groups.held(self.config.geometry.group_of(layer), seq_id)
+
+    def _owners(self, group: int = 0) -> dict[int, tuple[int, int]]:
+        """Slot -> (sequence, token) for every live token of KV cache ``group`` (the lowest
+        sequence id if shared)."""
+        if self.groups is not None:
+            return self.groups.owners(group)
         owners: dict[int, tuple[int, int]] = {}
         b = self.manager.block_size
         for seq_id in sorted(self.manager.sequence_ids()):

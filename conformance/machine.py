@@ -19,6 +19,11 @@ What an example starts with depends on its pass (:data:`conformance.plan.PASSES`
   prefilled together, then a step that mixes a decode of every one of them
   with several new prompts' prefill chunks;
 * **large pool**: a prompt placed in the blocks past 2^31 elements;
+* **groups**: layers in two KV cache groups (:mod:`conformance.groups`), memory
+  through the spec's :class:`~spec.cache_manager.CacheManager`, and a prompt
+  of a window and a block more, prefilled then decoded, so that the
+  windowed group releases blocks from the first decode on, then forked and
+  decoded; later rules fork it, hit its prefix and resend whole prompts;
 * **short**: one sequence, not yet run.
 
 Steps respect the backend's capabilities: prefill chunks no longer than
@@ -43,6 +48,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from conformance.bounds import BoundsChecker
 from conformance.coverage import Coverage
 from conformance.envelope import Envelope
+from conformance.groups import group_label
 from conformance.lockstep import ConformanceFailure, Lockstep
 from conformance.numerics import Margins
 from conformance.plan import Plan
@@ -180,6 +186,8 @@ class LockstepMachine(RuleBasedStateMachine):
             self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
         elif self.plan.wide:
             self._start_wide(data)
+        elif self.plan.kind == "groups":
+            self._start_groups(data)
         elif self.plan.kind == "large pool":
             b = self.block_size
             self._count("add (a prompt in the blocks past 2^31 elements)")
@@ -210,6 +218,26 @@ class LockstepMachine(RuleBasedStateMachine):
             (s, [(seed + 7 * s) % VOCAB]) for s, todo in sorted(self.pending.items()) if not todo
         ]
         self._run(decodes + [(s, self.pending[s]) for s in joiners])
+
+    def _start_groups(self, data: st.DataObject) -> None:
+        """A prompt past the window, prefilled in chunks (or whole), two decodes, then a fork
+        of it and a decode of both (the window has released blocks by then)."""
+        b = self.block_size
+        window = max((w for w in self.ls.config.group_windows if w is not None), default=b)
+        seq_id = self.next_id
+        self._start(_tokens(data.draw(_SEED, label="seed"), self._fit_length(window + b + 1)))
+        chunk = self._chunk_limit(data.draw(st.sampled_from((b, None)), label="chunk"))
+        self._count("add (a prompt of a window and a block more)")
+        while self.pending.get(seq_id):
+            if not self._run([(seq_id, self.pending[seq_id][:chunk])]):
+                break  # the pool ran out: the sequence stays pending for later steps
+        for token in range(2):
+            if any(not rest for rest in self.pending.values()):
+                self.decode(token)
+        if self.plan.copy_on_write and seq_id in self._forkable():
+            self._fork(seq_id)  # sharing what the window left; both then write their last block
+            self._count("fork (of a sequence whose window released blocks)")
+            self.decode(2)
 
     @rule(length=st.integers(0, 5), seed=_SEED, then_step=st.booleans(), token=_PICK)
     def add(self, length: int, seed: int, then_step: bool, token: int) -> None:
@@ -345,6 +373,8 @@ class LockstepMachine(RuleBasedStateMachine):
             self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
         elif name == "evict":
             self._evict_then_reprompt(data.draw(_PICK), data.draw(_SEED), data.draw(_PICK))
+        elif name == "resend":
+            self._resend(data.draw(_PICK), data.draw(_PICK))
         elif name == "fork chain":
             self._fork_chain(data.draw(_PICK), data.draw(st.integers(2, 3)), data.draw(_PICK))
         else:
@@ -360,7 +390,19 @@ class LockstepMachine(RuleBasedStateMachine):
             states.append("fork chain")
         if self._chain_middles():
             states.append("free middle")
+        if self.plan.kind == "groups" and self.computed:
+            states.append("resend")
         return states
+
+    def _resend(self, which: int, token: int) -> None:
+        """An earlier prompt sent again whole (every group's hits), run, then decoded."""
+        self._make_room(1)
+        seq_id = self.next_id
+        self._start(list(self.computed[which % len(self.computed)]))
+        self._count("add (an earlier prompt resent whole)")
+        self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])])
+        if seq_id in self.pending and not self.pending[seq_id]:
+            self._run([(seq_id, [token])])
 
     def _fork_chain(self, which: int, depth: int, token: int) -> None:
         """Forks of forks: a chain of ``depth`` children on one parent's blocks; then all write."""
@@ -399,7 +441,7 @@ class LockstepMachine(RuleBasedStateMachine):
     @invariant()
     def spec_is_consistent(self) -> None:
         if self.lockstep is not None:
-            self.lockstep.manager.check_integrity()
+            self.lockstep.check_integrity()
             self.stats.checks["spec block-table and pool invariants"] += 1
 
     def teardown(self) -> None:
@@ -546,9 +588,9 @@ class LockstepMachine(RuleBasedStateMachine):
 
 def _shape(config: WorkloadConfig, kind: str) -> str:
     g = config.geometry
-    extra = {"short": "", "long": " long-context"}.get(kind, f" {kind}")
+    extra = {"short": "", "long": " long-context", "groups": ""}.get(kind, f" {kind}")
     shape = f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}"
-    return shape + label(config) + extra  # fp8 KV and attention variants, if any
+    return shape + label(config) + group_label(config) + extra  # fp8, variants, groups
 
 
 def timed_progress(

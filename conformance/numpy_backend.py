@@ -52,6 +52,7 @@ class NumpyPagedBackend:
             name=self.name,
             device="cpu",
             kv_dtypes=frozenset(KV_DTYPES),
+            kv_groups=True,
             variants=frozenset(VARIANTS),
         )
 
@@ -94,10 +95,12 @@ class NumpyPagedBackend:
         variant = PLAIN if variant is None else variant
         q = np.asarray(query, dtype=np.float32)
         out = np.zeros((batch.num_tokens, q.shape[1], g.head_dim), dtype=np.float32)
+        group = self._table_group(layer)
         for i in range(batch.num_seqs):
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            k, v = self._gather(layer, self._table(batch, i), batch.seq_lens[i])
             positions = self._query_positions(batch.seq_lens[i], end - start)
+            first = variant.first_visible(int(positions[0])) if positions.size else 0
+            k, v = self._gather(layer, self._table(batch, i, group), batch.seq_lens[i], first)
             visible = self._visible(positions, k.shape[0], batch.seq_lens[i])
             if variant.window is not None:
                 visible &= self._in_window(positions, k.shape[0], variant.window)
@@ -171,9 +174,13 @@ class NumpyPagedBackend:
     def _num_keys(self, seq_len: int) -> int:
         return seq_len
 
-    def _table(self, batch: BatchMetadata, i: int) -> Sequence[int]:
-        """Sequence ``i``'s block table row."""
-        return batch.block_tables[i]
+    def _table_group(self, layer: int) -> int:
+        """The KV cache group whose tables ``layer`` reads: its own."""
+        return self._geo().group_of(layer)
+
+    def _table(self, batch: BatchMetadata, i: int, group: int) -> Sequence[int]:
+        """Sequence ``i``'s block table row in KV cache group ``group``."""
+        return batch.tables(group)[i]
 
     def _split_position(self, positions: Ints) -> tuple[Ints, Ints]:
         """Position ``p`` is entry ``p // B`` of the table, offset ``p % B`` in that block."""
@@ -192,18 +199,26 @@ class NumpyPagedBackend:
         out: Ints = self._block_offsets(blocks) + offsets * (g.num_kv_heads * g.head_dim)
         return out
 
-    def _gather(self, layer: int, table: Sequence[int], seq_len: int) -> tuple[F32, F32]:
-        """Keys and values of positions ``0 .. n - 1``, each found through the block table."""
+    def _gather(
+        self, layer: int, table: Sequence[int], seq_len: int, first: int = 0
+    ) -> tuple[F32, F32]:
+        """Keys and values of positions ``0 .. n - 1``, each found through the block table.
+
+        Positions before ``first`` (which no query sees: their blocks may have
+        been released, their entries ``-1``) are zeros, never read.
+        """
         g = self._geo()
         blocks = np.asarray(self._blocks(table, seq_len) or [0], dtype=np.int64)
         n = min(self._num_keys(seq_len), len(self._blocks(table, seq_len)) * g.block_size)
-        entry, offset = self._split_position(np.arange(n, dtype=np.int64))
+        read = np.arange(n) >= first
+        entry, offset = self._split_position(np.arange(n, dtype=np.int64)[read])
         row = g.num_kv_heads * g.head_dim
         start = self._block_offsets(blocks[entry]) + offset * row
         index = start[:, None] + np.arange(row)
         shape = (n, g.num_kv_heads, g.head_dim)
-        k = self._k[layer].reshape(-1)[index].reshape(shape).astype(np.float32)
-        v = self._v[layer].reshape(-1)[index].reshape(shape).astype(np.float32)
+        k, v = np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
+        k[read] = self._k[layer].reshape(-1)[index].reshape(-1, *shape[1:])
+        v[read] = self._v[layer].reshape(-1)[index].reshape(-1, *shape[1:])
         if self._geo().kv_dtype is not None:
             k = self._dequantize(k, self._kv_scale(layer, 0))
             v = self._dequantize(v, self._kv_scale(layer, 1))

@@ -22,11 +22,14 @@ dtype float32: not in the backend capabilities
 dtype bfloat16: not in the backend capabilities
 head dims 8, 16, 32, 80, 96, 112, 256 of the envelope: not declared by the backend
 fork and copy-on-write rules: capabilities.copy_on_write is False
+KV cache groups (a block table per group of layers): capabilities.kv_groups is False
 
 The suite runs in passes (:data:`PASSES`), each a plan of its own kind:
 
 >>> [p.kind for p in plan_for(Capabilities("y", variants={"sinks"})).passes()]
 ['short', 'wide', 'long', 'large pool', 'production', 'production', 'feature']
+>>> plan_for(Capabilities("z", kv_groups=True)).passes()[-1].kind
+'groups'
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ from dataclasses import dataclass, replace
 from hypothesis import strategies as st
 
 from conformance.envelope import Envelope, Shape, envelope_for
+from conformance.groups import (
+    GROUPS,
+    group_kv_heads,
+    group_layer_counts,
+    group_layouts,
+    group_skips,
+)
 from conformance.variants import kv_quantization, layer_variants
 from conformance.workload import (
     LARGE_LOGIT_GAIN,
@@ -56,7 +66,7 @@ _DTYPE_ORDER = ("float16", "float32", "bfloat16")
 """fp16 first: Hypothesis draws the first value most, and fp16 overflows where others do not."""
 EXACT_SET_MAX = 16
 """A declared set of at most this many values is drawn exactly; a larger one is a range."""
-PASSES = ("short", "wide", "long", "large pool", "production", "feature")
+PASSES = ("short", "wide", "long", "large pool", "production", "feature", "groups")
 """The kinds of example, in the order they run (see docs/conformance.md)."""
 _WIDE_EXTRA = 4
 """Sequences a wide example may add beyond its starting width (new prompts mid-run)."""
@@ -114,12 +124,14 @@ class Plan:
 
     def passes(self) -> list[Plan]:
         """One plan per pass, in order: the production pass once per production shape, the
-        feature pass once per declared attention variant and fp8 KV dtype."""
+        feature pass once per declared attention variant and fp8 KV dtype, the groups pass
+        when the backend declares KV cache groups."""
         plans = [replace(self, kind=k) for k in PASSES[:4]]
         plans += [replace(self, kind="production", shape=s) for s in self._shapes()]
         caps = self.capabilities
         features = [*sorted(caps.variants), *sorted(caps.kv_dtypes)]
-        return plans + [replace(self, kind="feature", feature=f) for f in features]
+        plans += [replace(self, kind="feature", feature=f) for f in features]
+        return plans + ([replace(self, kind="groups")] if caps.kv_groups else [])
 
     def _has_feature(self, config: WorkloadConfig) -> bool:
         """A feature pass's example uses its feature (some layer's variant, or the KV dtype)."""
@@ -166,25 +178,33 @@ def _nearest(value: int, allowed: tuple[int, ...]) -> int:
 def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     """One workload's shape, dtype, options, and each layer's attention variant."""
     env = plan.envelope
+    grouped = plan.kind == "groups"
     if plan.shape is not None:
         s = plan.shape
         block_size, kv, ratio, head_dim = s.block_size, s.num_kv_heads, s.gqa_ratio, s.head_dim
     else:
         block_size = draw(st.sampled_from(plan.block_sizes))
-        kv = draw(st.sampled_from(env.kv_heads_for(plan.kind, plan.kv_heads)))
+        kv_heads = env.kv_heads_for(plan.kind, plan.kv_heads)
+        kv = draw(st.sampled_from(group_kv_heads(env, kv_heads) if grouped else kv_heads))
         ratio = draw(st.sampled_from(plan.gqa_ratios))
         head_dim = draw(st.sampled_from(plan.head_dims))
     dtypes = _large_pool_dtypes(plan.dtypes) if plan.kind == "large pool" else plan.dtypes
     dtype = draw(st.sampled_from(dtypes))
-    layers = draw(st.sampled_from(env.layers_for(plan.kind, kv)))
+    layer_counts = group_layer_counts(env, kv) if grouped else env.layers_for(plan.kind, kv)
+    layers = draw(st.sampled_from(layer_counts))
     geometry, num_heads = geometry_for(block_size, kv, ratio, head_dim, dtype, layers)
     geometry = replace(geometry, num_blocks=_pool_blocks(plan, block_size))
+    layout = draw(group_layouts(plan.capabilities, layers, block_size)) if grouped else None
     large_logits = draw(st.sampled_from((True, False)))  # large logits first: drawn more often
     prefix_caching = draw(st.booleans()) if plan.prefix_caching else False
     kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers))
     geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
     spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
     variants = draw(layer_variants(plan.capabilities, layers, num_heads, plan.long_context, spread))
+    windows: tuple[int | None, ...] = ()
+    if layout is not None:
+        geometry = replace(geometry, layer_groups=layout.layer_groups)
+        variants, windows = layout.variants(variants), layout.windows
     return WorkloadConfig(
         geometry,
         num_heads,
@@ -194,6 +214,7 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
         plan.long_context,
         variants=() if all(v.is_plain for v in variants) else variants,
         block_base=large_pool_base(geometry) if plan.kind == "large pool" else 0,
+        group_windows=windows,
     )
 
 
@@ -204,6 +225,8 @@ def _pool_blocks(plan: Plan, block_size: int) -> int:
     if plan.wide:
         per_seq = cdiv(2 * block_size + 1 + _WIDE_TOKENS, block_size) + 1
         return plan.max_live * per_seq
+    if plan.kind == "groups":  # the groups share one pool: each gets a short example's
+        return GROUPS * pool_blocks(block_size)
     return pool_blocks(block_size)
 
 
@@ -247,6 +270,7 @@ def plan_for(
         skipped.append("fork and copy-on-write rules: capabilities.copy_on_write is False")
     if not caps.prefix_caching:
         skipped.append("prefix-cache hits: capabilities.prefix_caching is False")
+    skipped += group_skips(caps)
     skipped += _query_skips(caps, env)
     skipped += _excluded(plan)
     return replace(plan, skipped=tuple(skipped), notes=tuple(notes))

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from conformance.dtypes import round_to
 from conformance.numpy_backend import F32, Ints, NumpyPagedBackend
+from conformance.planted_groups import PLANTED_GROUPS
 from conformance.planted_variants import (
     AlibiSignFlipped,
     Fp8NoSaturation,
@@ -175,8 +176,8 @@ class WrongPastFourSequences(NumpyPagedBackend):
     Exact while a batch holds at most 4 sequences.
     """
 
-    def _table(self, batch: BatchMetadata, i: int) -> Sequence[int]:
-        return batch.block_tables[i % 4]
+    def _table(self, batch: BatchMetadata, i: int, group: int) -> Sequence[int]:
+        return batch.tables(group)[i % 4]
 
 
 class PowerOfTwoBlockMath(NumpyPagedBackend):
@@ -283,5 +284,6 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "fp8 KV scale applied twice": Fp8ScaleTwice,
     "fp8 KV scale not applied": Fp8ScaleIgnored,
     "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
+    **PLANTED_GROUPS,
 }
 """Each planted bug, by the bug class it stands for."""

@@ -59,8 +59,8 @@ class Profile:
     After the short examples, each further pass (:data:`conformance.plan.PASSES`)
     runs a fixed number of examples, because each costs seconds on an
     interpreted kernel and a chance draw would either miss or repeat them:
-    long contexts, wide batches, a large pool, each production shape, and each
-    declared attention variant and fp8 KV dtype.
+    long contexts, wide batches, a large pool, each production shape, each
+    declared attention variant and fp8 KV dtype, and KV cache groups.
     """
 
     name: str
@@ -72,6 +72,7 @@ class Profile:
     large_pool_examples: int = 1
     production_examples: int = 1  # per production shape
     feature_examples: int = 1  # per declared attention variant and fp8 KV dtype
+    groups_examples: int = 3  # layers in KV cache groups, when declared
 
     def examples(self, override: int | None) -> tuple[int, int]:
         """Short and long examples; an override scales the long ones (at least one).
@@ -86,7 +87,7 @@ class Profile:
 
         >>> from conformance.plan import PASSES
         >>> [PROFILES["quick"].pass_examples(k) for k in PASSES]
-        [60, 2, 5, 1, 1, 1]
+        [60, 2, 5, 1, 1, 1, 3]
         """
         fixed = {
             "wide": self.wide_examples,
@@ -94,6 +95,7 @@ class Profile:
             "large pool": self.large_pool_examples,
             "production": self.production_examples,
             "feature": self.feature_examples,
+            "groups": self.groups_examples,
         }
         if kind == "short":
             return self.max_examples if override is None else override
@@ -112,8 +114,12 @@ PROFILES = {
         Profile(
             "quick", 60, 20, 5, "the default: about two minutes on 2 CPU cores, Triton interpreted"
         ),
-        Profile("standard", 300, 40, 25, "before a release or after a kernel change", 8, 4, 3, 3),
-        Profile("thorough", 2000, 60, 150, "nightly, or when hunting a rare bug", 40, 15, 10, 10),
+        Profile(
+            "standard", 300, 40, 25, "before a release or after a kernel change", 8, 4, 3, 3, 12
+        ),
+        Profile(
+            "thorough", 2000, 60, 150, "nightly, or when hunting a rare bug", 40, 15, 10, 10, 60
+        ),
     )
 }
 

@@ -3,11 +3,14 @@
 Runs the quick profile, with a fixed seed and without shrinking (finding is
 what is tested here; shrinking is tested in the project's own tests), against
 each backend of :data:`conformance.planted.PLANTED`, and against the correct
-numpy backend and the spec's reference backend, which must pass. Then the
-bounds check against planted out-of-bounds kernels and the project's Triton
-backend (:mod:`conformance.selftest_bounds`), the device-resident contract
-against a planted stale-metadata bug (:mod:`conformance.planted_device`), and
-the scheduler suite against its planted schedulers
+numpy backend and the spec's reference backend, which must pass. A planted
+bug that names ``selftest_passes`` (the KV cache group bugs: only the groups
+pass draws groups) runs those passes alone: each pass is seeded on its own,
+so the pass draws what it would draw in the whole run. Then the bounds check
+against planted out-of-bounds kernels and the project's Triton backend
+(:mod:`conformance.selftest_bounds`), the device-resident contract against a
+planted stale-metadata bug (:mod:`conformance.planted_device`), and the
+scheduler suite against its planted schedulers
 (:mod:`conformance.scheduler_suite_selftest`).
 """
 
@@ -41,7 +44,10 @@ def selftest(out: Callable[[str], None] = print) -> bool:
     caught = 0
     for label, cls in PLANTED.items():
         ref = f"conformance.planted:{cls.__name__}"
-        result = run_suite(cls(), ref, run_seed=SELFTEST_SEED, database=None, shrink=False)
+        passes = getattr(cls, "selftest_passes", None)  # a bug only one pass can show
+        result = run_suite(
+            cls(), ref, run_seed=SELFTEST_SEED, database=None, shrink=False, passes=passes
+        )
         if result.difference is not None:
             caught += 1
             first = result.difference.describe().splitlines()[0]

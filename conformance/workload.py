@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 from conformance.dtypes import F64, round_to
 from spec.attention import PLAIN, AttentionVariant
 from spec.backend import KVGeometry
+from spec.kv_groups import FULL_ATTENTION, KVCacheGroup, sliding_window
 
 POOL_BLOCKS = {1: 40, 3: 16, 4: 14, 16: 6}
 """Pool size per block size: small, so that allocations fail and blocks are reused.
@@ -67,6 +68,7 @@ class WorkloadConfig:
     long_context: bool = False  # a large pool, and long prompts prefilled in large chunks
     variants: tuple[AttentionVariant, ...] = ()  # per layer; () means plain attention everywhere
     block_base: int = 0  # the backend sees spec block b as block_base + b (a large pool)
+    group_windows: tuple[int | None, ...] = ()  # per KV cache group: None full, w a window
 
     def __post_init__(self) -> None:
         if self.num_heads % self.geometry.num_kv_heads:
@@ -82,6 +84,8 @@ class WorkloadConfig:
             v.check_heads(self.num_heads)
         if self.block_base < 0:
             raise ValueError(f"block_base must be >= 0, got {self.block_base}")
+        if self.group_windows:
+            self._check_group_windows()
 
     def variant(self, layer: int) -> AttentionVariant:
         """The attention variant of ``layer`` (plain unless the workload draws one)."""
@@ -90,6 +94,27 @@ class WorkloadConfig:
     @property
     def dtype(self) -> str:
         return self.geometry.dtype
+
+    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        """The spec's groups, in batch-group order; empty for one full-attention group."""
+        return tuple(FULL_ATTENTION if w is None else sliding_window(w) for w in self.group_windows)
+
+    def _check_group_windows(self) -> None:
+        """One window (or ``None``) per group of the geometry; a windowed group's layers see no
+        further back than its window, since the blocks before it are released."""
+        g = self.geometry
+        if len(self.group_windows) != g.num_groups:
+            raise ValueError(
+                f"{len(self.group_windows)} group windows for {g.num_groups} KV cache groups"
+            )
+        for layer in range(g.num_layers):
+            w = self.group_windows[g.group_of(layer)]
+            seen = self.variant(layer).window
+            if w is not None and (seen is None or seen > w):
+                raise ValueError(
+                    f"layer {layer} is in a KV cache group with a window of {w} tokens, but its "
+                    f"attention window is {seen}: it would read blocks the group released"
+                )
 
 
 def geometry_for(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from group_workloads import GROUP_WORKLOADS
 from hypothesis import given
 from hypothesis import strategies as st
 from variant_workloads import VARIANT_WORKLOADS
@@ -152,6 +153,7 @@ WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]
     "RoundsTowardZero": (_many_outputs, _config(dtype="float16", block_size=16), {"outputs"}),
     "Fp16Accumulation": (_many_outputs, _config(dtype="float16", block_size=16), {"output"}),
     **VARIANT_WORKLOADS,  # the variant and fp8 bugs: tests/variant_workloads.py
+    **GROUP_WORKLOADS,  # the KV cache group bugs: tests/group_workloads.py
 }
 
 
