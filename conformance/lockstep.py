@@ -55,7 +55,6 @@ replays as a plain script (see :mod:`conformance.report`):
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -66,6 +65,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.bounds import BoundsChecker, Watched
+from conformance.calls import attention_calls, sub_batch, token_rows
 from conformance.compare import (
     Difference,
     example_difference,
@@ -469,26 +469,7 @@ class Lockstep:
 
     def _attention_calls(self, batch: BatchMetadata) -> list[_Call]:
         """The sequences of each attention call the backend accepts; the rest count as skipped."""
-        caps, runnable = self.caps, []
-        for i in range(batch.num_seqs):
-            n = batch.query_len(i)
-            why = caps.query_unsupported(n, batch.seq_lens[i] - n)
-            if why:
-                kind = "decode" if n == 1 else "prefill chunk"
-                self.skips[f"{kind} attention not run: {_generic(why)}; its KV was checked"] += 1
-            else:
-                runnable.append(i)
-        kinds: list[list[int]] = [runnable]
-        if not caps.mixed_batches:
-            kinds = [[i for i in runnable if batch.query_len(i) == 1]]
-            kinds.append([i for i in runnable if batch.query_len(i) > 1])
-        width = caps.max_num_seqs or batch.num_seqs or 1
-        calls = [k[j : j + width] for k in kinds for j in range(0, len(k), width)]
-        calls = [c for c in calls if c]
-        for call in calls:
-            why = caps.batch_unsupported(_sub_batch(batch, call))
-            assert why is None, f"internal error: the suite built a refused batch: {why}"
-        return calls
+        return attention_calls(self.caps, batch, self.skips)
 
     def _run_layer(
         self, layer: int, batch: BatchMetadata, calls: list[_Call]
@@ -512,8 +493,8 @@ class Lockstep:
         extra = {} if variant.is_plain else {"variant": variant}  # plain calls stay unchanged
         actual, paths = [], []
         for call in calls:
-            sub = _sub_batch(batch, call)
-            rows = _rows(batch, call)
+            sub = sub_batch(batch, call)
+            rows = token_rows(batch, call)
             out = self._attention(
                 layer, query[rows], self._view(sub), (key[rows], value[rows]), extra
             )
@@ -521,8 +502,8 @@ class Lockstep:
             paths.append(self._path())
             decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
             self.coverage.note_step(num_seqs=sub.num_seqs, decodes=decodes, max_offset=0)
-        attended = _sub_batch(batch, [i for call in calls for i in call])
-        q_all = query[_rows(batch, [i for call in calls for i in call])]
+        attended = sub_batch(batch, [i for call in calls for i in call])
+        q_all = query[token_rows(batch, [i for call in calls for i in call])]
         exact = self._reference(q_all, attended, layer)
         same = self._reference(q_all, attended, layer, same_precision=True)
         empty = np.zeros((0, *query.shape[1:]))
@@ -820,53 +801,12 @@ def _bounds_detail(seen: Watched) -> str:
     return f"a kernel accessed memory it may not (bounds check): {first.describe()}{tail}"
 
 
-def _generic(why: str) -> str:
-    """A skip reason without the lengths of the one query, so that skips group by cause.
-
-    >>> _generic("a query of 7 tokens (max_query_len 1)")
-    'a query of N tokens (max_query_len 1)'
-    """
-    return re.sub(r"\b(query|context) of \d+ tokens", r"\1 of N tokens", why)
-
-
 def _written_blocks(batch: BatchMetadata) -> list[int]:
     """Blocks a step may change (written or copied into), with their neighbours."""
     b = batch.block_size
     touched = {s // b for g in range(batch.num_groups) for s in batch.slots(g) if s >= 0}
     touched |= {dst for _, dst in batch.copies}
     return sorted({x for t in touched for x in (t - 1, t, t + 1) if x >= 0})
-
-
-def _rows(batch: BatchMetadata, seqs: Sequence[int]) -> NDArray[np.int64]:
-    """The flattened token rows of the sequences ``seqs`` of ``batch``, in that order."""
-    qsl = batch.query_start_loc
-    parts = [np.arange(qsl[i], qsl[i + 1]) for i in seqs]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def _sub_batch(batch: BatchMetadata, seqs: Sequence[int]) -> BatchMetadata:
-    """The metadata of just the sequences ``seqs`` (the same object when that is all of them)."""
-    if list(seqs) == list(range(batch.num_seqs)):
-        return batch
-    rows = _rows(batch, seqs).tolist()
-    starts = [0]
-    for i in seqs:
-        starts.append(starts[-1] + batch.query_len(i))
-    return BatchMetadata(
-        block_size=batch.block_size,
-        seq_ids=tuple(batch.seq_ids[i] for i in seqs),
-        query_start_loc=tuple(starts),
-        seq_lens=tuple(batch.seq_lens[i] for i in seqs),
-        block_tables=tuple(batch.block_tables[i] for i in seqs),
-        slot_mapping=tuple(batch.slot_mapping[r] for r in rows),
-        positions=tuple(batch.positions[r] for r in rows),
-        extra_groups=tuple(
-            GroupLayout(
-                tuple(e.block_tables[i] for i in seqs), tuple(e.slot_mapping[r] for r in rows)
-            )
-            for e in batch.extra_groups
-        ),
-    )
 
 
 def _f64(x: object) -> F64:

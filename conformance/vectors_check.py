@@ -37,6 +37,7 @@ from typing import Any, NoReturn, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from conformance.calls import attention_calls, sub_batch, token_rows
 from conformance.compare import (
     Difference,
     example_difference,
@@ -45,7 +46,7 @@ from conformance.compare import (
 )
 from conformance.coverage import Coverage
 from conformance.guard import BackendFault, CallGuard
-from conformance.lockstep import ConformanceFailure, _generic, _rows, _sub_batch
+from conformance.lockstep import ConformanceFailure
 from conformance.machine import RunStats
 from conformance.numerics import ExampleMeter, output_errors, ulp_scale
 from conformance.runner import PROFILES, RunResult
@@ -236,8 +237,8 @@ class _Replay:
         calls = self._calls(batch)
         actual, paths = [], []
         for call in calls:
-            sub = _sub_batch(batch, call)
-            q = query[_rows(batch, call)]
+            sub = sub_batch(batch, call)
+            q = query[token_rows(batch, call)]
             out = self._call(
                 "attention", self.backend.attention, layer, q, sub, float(op["scale"]), **extra
             )
@@ -253,12 +254,14 @@ class _Replay:
         attended = [i for call in calls for i in call]
         if not attended:
             return
-        rows_of = _rows(batch, attended)
+        rows_of = token_rows(batch, attended)
         exact, same = expected[0][rows_of], expected[1][rows_of]
         got_all = np.concatenate(actual)
         path = "; ".join(dict.fromkeys(p for p in paths if p)) or None
         rows = [
-            (batch.seq_ids[i], batch.positions[int(r)]) for i in attended for r in _rows(batch, [i])
+            (batch.seq_ids[i], batch.positions[int(r)])
+            for i in attended
+            for r in token_rows(batch, [i])
         ]
         self.stats.longest = max(self.stats.longest, batch.max_seq_len)
         self.pending.append(_Judged(self.index, self.step, layer, exact, same, got_all, rows, path))
@@ -289,30 +292,8 @@ class _Replay:
             )
 
     def _calls(self, batch: BatchMetadata) -> list[list[int]]:
-        """The sequences of each call the backend accepts, as the lockstep forms them.
-
-        A sequence whose query the backend cannot run (a prefill for a
-        decode-only kernel) is left out and counted as skipped; decodes and
-        prefill chunks go in separate calls without ``mixed_batches``; no call
-        holds more than ``max_num_seqs`` sequences.
-        """
-        caps, runnable = self.caps, []
-        for i in range(batch.num_seqs):
-            n = batch.query_len(i)
-            why = caps.query_unsupported(n, batch.seq_lens[i] - n)
-            if why:
-                kind = "decode" if n == 1 else "prefill chunk"
-                self.stats.skips[
-                    f"{kind} attention not run: {_generic(why)}; its KV was checked"
-                ] += 1
-            else:
-                runnable.append(i)
-        kinds = [runnable]
-        if not caps.mixed_batches:
-            kinds = [[i for i in runnable if batch.query_len(i) == 1]]
-            kinds.append([i for i in runnable if batch.query_len(i) > 1])
-        width = caps.max_num_seqs or batch.num_seqs or 1
-        return [c for k in kinds for j in range(0, len(k), width) if (c := k[j : j + width])]
+        """The sequences of each call the backend accepts, as the lockstep forms them."""
+        return attention_calls(self.caps, batch, self.stats.skips)
 
     def _read(self, op: dict[str, Any]) -> None:
         v, layer = self.vector, int(op["layer"])
