@@ -154,12 +154,13 @@ class Precision:
     reference (:mod:`conformance.numerics`).
     """
 
-    compute: str = "float64"
-    round_kv: Callable[[F64], F64] | None = None
-    round_p: Callable[[F64], F64] | None = None
+    compute: str = "float64"  # the dtype of every product and sum: "float64" or "float32"
+    round_kv: Callable[[F64], F64] | None = None  # applied to the K and V read; None: as stored
+    round_p: Callable[[F64], F64] | None = None  # applied to exp(s - max) before P @ V
 
     @property
     def exact(self) -> bool:
+        """True for the spec's own arithmetic (float64, nothing rounded)."""
         return self.compute == "float64" and self.round_kv is None and self.round_p is None
 
 

@@ -129,6 +129,23 @@ def test_docstring_examples_are_fenced_for_the_site() -> None:
     assert fence_doctests(">>> 1\n1").endswith("1\n```")  # an example that ends the text
 
 
+def test_every_dataclass_field_of_the_spec_says_what_it_holds() -> None:
+    """A field's trailing comment is its documentation on the API pages (FieldComments)."""
+    import griffe
+
+    extensions = griffe.load_extensions(tools._griffe_pycon.FieldComments)
+    spec = griffe.load("spec", search_paths=[str(ROOT)], extensions=extensions)
+    missing = [
+        f"{module.name}.{cls.name}.{name}"
+        for module in spec.modules.values()
+        for cls in module.classes.values()
+        if "dataclass" in cls.labels
+        for name, attr in cls.attributes.items()
+        if not name.startswith("_") and "property" not in attr.labels and attr.docstring is None
+    ]
+    assert not missing, f"dataclass fields without a trailing comment: {missing}"
+
+
 def test_api_pages_show_fields_and_private_rules() -> None:
     """Dataclass fields get their trailing comments; functions list the private rules they call."""
     import griffe
