@@ -31,7 +31,8 @@ element (the hooks: :mod:`conformance._bounds_hooks`):
   launch's arguments by content: an integer 2-D tensor (any width, any row
   stride, any integer dtype) with at least the batch's rows, whose row ``i``
   starts with the batch's ``ceil(seq_len[i] / B)`` used entries (rows past the
-  batch's count as having none). A table the kernel receives flattened to 1-D,
+  batch's count as having none), in any KV cache group's tables (a windowed
+  group's used entries begin with its released ``-1`` ones). A table the kernel receives flattened to 1-D,
   offset, or rebuilt in another order is not recognised; strict mode then
   checks extents only and :meth:`BoundsChecker.notes` says no table was found.
 
@@ -203,7 +204,7 @@ class BoundsChecker:
         Without a usable interpreter it checks nothing (see :meth:`notes`).
         """
         seen = Watched(call, layer)
-        rows = _used_rows(batch) if self.strict and batch is not None else None
+        rows = _used_rows(batch) if self.strict and batch is not None else None  # per group
         if self._unavailable is not None:
             yield seen
             return
@@ -293,17 +294,28 @@ def unusable() -> str | None:
     return None
 
 
-def _used_rows(batch: BatchMetadata) -> list[tuple[int, ...]]:
-    """Each row's used block-table entries: the first ``ceil(seq_len / B)``.
+_Rows = list[tuple[int, ...]]
+"""One KV cache group's used block-table entries, a tuple per batch row."""
+
+
+def _used_rows(batch: BatchMetadata) -> list[_Rows]:
+    """Each KV cache group's rows of used block-table entries: the first ``ceil(seq_len / B)``.
+
+    A windowed group's used entries start with its released ones (``-1``): the
+    table is recognised as the suite passed it, and only entries past
+    ``ceil(seq_len / B)`` are padding.
 
     >>> from spec.batch import BatchMetadata
     >>> b = BatchMetadata(4, (0, 1), (0, 5, 6), (5, 2), ((3, 1), (2, -1)), (), ())
     >>> _used_rows(b)
-    [(3, 1), (2,)]
+    [[(3, 1), (2,)]]
     """
     return [
-        tuple(table[: cdiv(n, batch.block_size)])
-        for table, n in zip(batch.block_tables, batch.seq_lens, strict=True)
+        [
+            tuple(table[: cdiv(n, batch.block_size)])
+            for table, n in zip(batch.tables(g), batch.seq_lens, strict=True)
+        ]
+        for g in range(batch.num_groups)
     ]
 
 
@@ -381,9 +393,18 @@ def _tensors(name: str, value: object) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _find_tables(
-    named: Sequence[tuple[str, torch.Tensor]], rows: Sequence[tuple[int, ...]]
+    named: Sequence[tuple[str, torch.Tensor]], groups: Sequence[_Rows]
 ) -> list[_Table]:
-    """The arguments whose rows start with the batch's used entries (see the module doc)."""
+    """The arguments whose rows start with one group's used entries (see the module doc)."""
+    found: list[_Table] = []
+    for rows in groups:
+        names = {t.extent.name for t in found}
+        found += [t for t in _tables_of(named, rows) if t.extent.name not in names]
+    return found
+
+
+def _tables_of(named: Sequence[tuple[str, torch.Tensor]], rows: _Rows) -> list[_Table]:
+    """The arguments whose rows start with ``rows``, one group's used entries."""
     import torch
 
     need = max((len(r) for r in rows), default=0)
@@ -416,7 +437,7 @@ class _Launch:
     """One launch's allowed memory, recognised tables, and what it did outside them."""
 
     def __init__(
-        self, kernel: str, index: int, args: dict[str, object], rows: list[tuple[int, ...]] | None
+        self, kernel: str, index: int, args: dict[str, object], rows: list[_Rows] | None
     ) -> None:
         self.kernel, self.index = kernel, index
         named = [t for name, value in args.items() for t in _tensors(name, value)]
@@ -519,7 +540,7 @@ class _Launch:
 class _Recorder:
     """The hooks' listener for one watched call: checks accesses against the current launch."""
 
-    def __init__(self, seen: Watched, rows: list[tuple[int, ...]] | None) -> None:
+    def __init__(self, seen: Watched, rows: list[_Rows] | None) -> None:
         self.seen = seen
         self.rows = rows
         self.current: _Launch | None = None

@@ -16,6 +16,7 @@ import backend_gpu  # noqa: F401
 
 # isort: split
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ from conformance.planted_kernels import (
 )
 from spec.attention import paged_attention as reference_attention
 from spec.backend import KVGeometry, ReferenceBackend
-from spec.batch import BatchMetadata
+from spec.batch import BatchMetadata, GroupLayout
 from tools import bench_bounds
 
 pytestmark = pytest.mark.skipif(
@@ -149,6 +150,20 @@ def test_one_entry_past_a_row_is_flagged_in_strict_mode_only() -> None:
         2,
     )
     assert "row 0, entry 2, the row uses 2" in v.describe()
+
+
+def test_strict_mode_finds_a_windowed_groups_table_by_its_released_entries() -> None:
+    """Group 1's rows start with released ``-1`` entries; they are used entries, not padding."""
+    group1 = GroupLayout(((-1, 5, 6), (-1, 7, -1)), (24, 29))  # rows use 3 and 2 entries
+    batch = BatchMetadata(4, (0, 1), (0, 1, 2), (9, 6), ((0, 1, 2), (3, 4, -1)), (8, 17), (8, 5))
+    batch = replace(batch, extra_groups=(group1,))
+    table = torch.tensor(group1.block_tables, dtype=torch.int32)
+    for offsets, padding in (([0, 1, 2, 3], []), ([1, 2, 4, 5], [(1, 2)])):  # 5: row 1, entry 2
+        checker, out = BoundsChecker(strict=True), torch.zeros(4, dtype=torch.int32)
+        with checker.watch("attention", layer=1, batch=batch) as seen:
+            _gather[(1,)](table, torch.tensor(offsets, dtype=torch.int32), out, N=4)
+        assert seen.tables == ["_gather:src_ptr"], "group 1's table was not recognised"
+        assert [(v.row, v.entry) for v in seen.violations if v.kind == "padding"] == padding
 
 
 def test_reading_past_the_table_tensor_is_flagged_in_both_modes() -> None:
