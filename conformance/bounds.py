@@ -32,9 +32,10 @@ element (the hooks: :mod:`conformance._bounds_hooks`):
   stride, any integer dtype) with at least the batch's rows, whose row ``i``
   starts with the batch's ``ceil(seq_len[i] / B)`` used entries (rows past the
   batch's count as having none), in any KV cache group's tables (a windowed
-  group's used entries begin with its released ``-1`` ones). A table the kernel receives flattened to 1-D,
-  offset, or rebuilt in another order is not recognised; strict mode then
-  checks extents only and :meth:`BoundsChecker.notes` says no table was found.
+  group's used entries begin with its released ``-1`` ones). A table the
+  kernel receives flattened to 1-D, offset, or rebuilt in another order is not
+  recognised; strict mode then checks extents only and
+  :meth:`BoundsChecker.notes` says no table was found.
 
 A refused lane is not performed (a load reads ``other`` or zero, a store does
 nothing), so a kernel that writes past its cache cannot corrupt the checking
