@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
+from spec.kv_budget import cdiv
 from spec.kv_memory import KVMemory
 from tools._batches import context_step
 
@@ -101,7 +102,7 @@ def make_scenario(
     With ``kv_dtype``, the reference memory is quantized (it holds fp8 values).
     """
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-(c + n) // block_size) for c, n in work) + spare_blocks
+    num_blocks = sum(cdiv(c + n, block_size) for c, n in work) + spare_blocks
     m = shuffled_manager(num_blocks, block_size, seed)
     mem = KVMemory(
         num_layers,

@@ -14,6 +14,7 @@ from spec.backend import Backend, Capabilities, KVGeometry, ReferenceBackend
 from spec.batch import PAD_BLOCK, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
 from spec.errors import InvalidRequestError, UnknownBlockError, UnknownSequenceError
+from spec.kv_budget import cdiv
 from spec.kv_memory import KVMemory
 
 
@@ -41,7 +42,7 @@ def test_paged_attention_matches_loops_through_shuffled_tables(
     """Sequences of (context, new tokens) in shuffled blocks; every output token checked."""
     rng = np.random.default_rng(seed)
     head_dim, num_heads = 4, num_kv_heads * group
-    num_blocks = sum(-(-(c + n) // block_size) for c, n in work) + 3
+    num_blocks = sum(cdiv(c + n, block_size) for c, n in work) + 3
     m = BlockManager(num_blocks, block_size)
     held = [m.pool.allocate() for _ in range(num_blocks)]
     for i in rng.permutation(num_blocks):  # free in random order: tables get scattered ids

@@ -40,6 +40,7 @@ import backend_gpu  # noqa: F401  (interpreter on CPU-only machines, before trit
 from backend_gpu.kernels import choose_num_splits, paged_attention
 from spec.attention import paged_attention as reference_attention
 from spec.block_manager import BlockManager
+from spec.kv_budget import cdiv
 from spec.kv_memory import KVMemory
 from tools._batches import context_step
 
@@ -119,7 +120,7 @@ def check_correctness(device: torch.device) -> list[str]:
         configs = [(3, 24, 2)]
     for block_size, head_dim, group in configs:
         work = [(40, 1), (0, 9), (19, 6), (70, 1)]
-        num_blocks = sum(-(-(c + n) // block_size) for c, n in work) + 5
+        num_blocks = sum(cdiv(c + n, block_size) for c, n in work) + 5
         m = BlockManager(num_blocks, block_size)
         held = [m.pool.allocate() for _ in range(num_blocks)]
         for i in rng.permutation(num_blocks):

@@ -34,6 +34,7 @@ from conformance.runner import RunResult, run_suite
 from spec.backend import KVGeometry
 from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
+from spec.kv_budget import cdiv
 from tools._batches import context_step
 
 __all__ = ["main"]
@@ -46,7 +47,7 @@ _B, _KV_HEADS, _GROUP, _D = 16, 2, 4, 32
 def _step(work: Sequence[tuple[int, int]]) -> tuple[TritonBackend, BatchMetadata, np.ndarray]:
     """A backend whose cache holds the batch's KV, the batch, and its queries."""
     rng = np.random.default_rng(0)
-    blocks = sum(-(-(c + n) // _B) for c, n in work) + 1
+    blocks = sum(cdiv(c + n, _B) for c, n in work) + 1
     manager = BlockManager(blocks, _B)
     batch, _ = context_step(manager, work)
     backend = TritonBackend(device="cpu", num_splits=4)

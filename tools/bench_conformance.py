@@ -22,6 +22,7 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from backend_gpu.torch_backend import TorchBackend
 from conformance.lockstep import Lockstep
 from conformance.workload import WorkloadConfig, scale_for
 from spec.backend import KVGeometry
+from spec.kv_budget import cdiv
 
 __all__ = ["main"]
 
@@ -82,26 +84,36 @@ def _measure(timed: _Timed, kind: str, steps: Sequence[Callable[[], object]]) ->
     return _Row(kind, len(steps), time.perf_counter() - start, timed.seconds - before)
 
 
+def workload_steps(
+    ls: Lockstep, seqs: int, context: int, chunk: int, decodes: int
+) -> tuple[list[Callable[[], object]], list[Callable[[], object]]]:
+    """Add ``seqs`` random prompts of ``context`` tokens; their prefill and decode steps, to run."""
+    rng = np.random.default_rng(0)
+    prompts = {s: [int(t) for t in rng.integers(0, 64, context)] for s in range(seqs)}
+    for s, prompt in prompts.items():
+        ls.add(s, prompt)
+    prefill: list[Callable[[], object]] = [
+        partial(ls.step, [(s, p[lo : lo + chunk]) for s, p in prompts.items()])
+        for lo in range(0, context, chunk)
+    ]
+    decode: list[Callable[[], object]] = [
+        partial(ls.step, [(s, [(s + i) % 64]) for s in prompts]) for i in range(decodes)
+    ]
+    return prefill, decode
+
+
 def run(seqs: int, context: int, decodes: int, chunk: int = 256) -> list[_Row]:
     """The workload of the module docstring; one row per kind of step."""
     block, heads, kv_heads, head_dim = 16, 32, 8, 128
-    per_seq = -(-(context + decodes) // block) + 1
+    per_seq = cdiv(context + decodes, block) + 1
     geometry = KVGeometry(1, seqs * per_seq, block, kv_heads, head_dim, "float16")
     config = WorkloadConfig(geometry, heads, scale_for(head_dim, False), seed=1)
     timed = _Timed(TorchBackend())
     start = time.perf_counter()
     ls = Lockstep(timed, config)
     rows = [_Row("create and prime the pool", 1, time.perf_counter() - start, timed.seconds)]
-    rng = np.random.default_rng(0)
-    prompts = {s: [int(t) for t in rng.integers(0, 64, context)] for s in range(seqs)}
-    for s, prompt in prompts.items():
-        ls.add(s, prompt)
-    prefill = [
-        (lambda lo=lo: ls.step([(s, p[lo : lo + chunk]) for s, p in prompts.items()]))
-        for lo in range(0, context, chunk)
-    ]
+    prefill, decode = workload_steps(ls, seqs, context, chunk, decodes)
     rows.append(_measure(timed, f"prefill ({seqs} chunks of up to {chunk} tokens)", prefill))
-    decode = [(lambda i=i: ls.step([(s, [(s + i) % 64]) for s in prompts])) for i in range(decodes)]
     rows.append(_measure(timed, f"decode ({seqs} sequences, context ~{context})", decode))
     rows.append(_measure(timed, "end of the workload (whole pool, mean and bias)", [ls.finish]))
     return rows

@@ -29,15 +29,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from backend_gpu.torch_backend import TorchBackend, make_device_backend
 from conformance.lockstep import WHOLE_POOL_SLOTS, Lockstep
 from conformance.workload import WorkloadConfig, scale_for
 from spec.backend import KVGeometry
+from spec.kv_budget import cdiv
 from tools._cli import positive_int
-from tools.bench_conformance import _Timed
+from tools.bench_conformance import _Timed, workload_steps
 
 __all__ = ["main"]
 
@@ -66,20 +66,12 @@ def run_once(
     """The module docstring's workload under ``CONTRACTS[contract]``: seconds per step."""
     name, factory, whole = CONTRACTS[contract]
     block, heads, kv_heads, head_dim = 16, 8, 2, 64
-    per_seq = -(-(context + decodes) // block) + 1
+    per_seq = cdiv(context + decodes, block) + 1
     geometry = KVGeometry(layers, seqs * per_seq, block, kv_heads, head_dim, "float16")
     config = WorkloadConfig(geometry, heads, scale_for(head_dim, False), seed=1)
     timed = _Timed(factory(), clock=time.process_time)
     ls = Lockstep(timed, config, whole_pool_slots=whole)
-    rng = np.random.default_rng(0)
-    prompts = {s: [int(t) for t in rng.integers(0, 64, context)] for s in range(seqs)}
-    for s, prompt in prompts.items():
-        ls.add(s, prompt)
-    prefill = [
-        (lambda lo=lo: ls.step([(s, p[lo : lo + chunk]) for s, p in prompts.items()]))
-        for lo in range(0, context, chunk)
-    ]
-    decode = [(lambda i=i: ls.step([(s, [(s + i) % 64]) for s in prompts])) for i in range(decodes)]
+    prefill, decode = workload_steps(ls, seqs, context, chunk, decodes)
     p_total, p_backend = _per_step(timed, prefill)
     d_total, d_backend = _per_step(timed, decode)
     ls.finish()

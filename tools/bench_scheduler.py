@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from spec.block_manager import cdiv
 from spec.request import Request
 from spec.scheduler import ContinuousScheduler, SchedulerConfig
+from tools._cli import positive_int
 
 __all__ = ["Scenario", "main", "measure"]
 
@@ -86,21 +87,11 @@ def measure(s: Scenario, steps: int, repeats: int) -> float:
     return best
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="5 steps, once (a smoke test)")
     parser.add_argument(
-        "--repeats", type=_positive, default=5, help="runs per scenario; the best is kept"
+        "--repeats", type=positive_int, default=5, help="runs per scenario; the best is kept"
     )
     args = parser.parse_args(argv)
     steps, repeats = (5, 1) if args.quick else (40, args.repeats)
