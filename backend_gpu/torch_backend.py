@@ -202,6 +202,6 @@ def make_device_backend(device: str | torch.device | None = None) -> TorchBacken
     """The torch backend under the device-resident contract (``tensors="torch"``).
 
     ``--backend backend_gpu.torch_backend:make_device_backend`` runs the suite
-    through that contract (see :mod:`conformance.device_contract`).
+    through that contract (see :mod:`conformance.judges.device_contract`).
     """
     return TorchBackend(device, tensors="torch")

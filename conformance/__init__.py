@@ -14,12 +14,12 @@ Three ways in (see docs/plugging-in.md):
 * subclass :class:`conformance.testing.BackendConformance` in your own tests.
 """
 
-from conformance.compare import Difference
-from conformance.discovery import ENV_VAR, installed_backends, load_backend
-from conformance.lockstep import ConformanceFailure, Lockstep
-from conformance.plan import SetupError
-from conformance.runner import PROFILES, RunResult, run_suite
-from conformance.workload import WorkloadConfig
+from conformance.errors import SetupError
+from conformance.judges.compare import Difference
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.workload import WorkloadConfig
+from conformance.run.discovery import ENV_VAR, installed_backends, load_backend
+from conformance.run.runner import PROFILES, RunResult, run_suite
 
 __all__ = [
     "ENV_VAR",

@@ -3,7 +3,7 @@
 Exit status: 0 the backend conforms (or every planted bug was caught); 1 a
 conformance failure; 2 a usage or setup error, with a message saying what to fix;
 130 the user pressed Ctrl-C. ``run`` runs the backend in a child process
-(:mod:`conformance.isolation`), so that a crash or a hang is reported like any
+(:mod:`conformance.run.isolation`), so that a crash or a hang is reported like any
 other failure; ``--in-process`` runs it here instead (for a debugger).
 """
 
@@ -17,7 +17,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from conformance.control import (
+from conformance.errors import SetupError
+from conformance.planted.selftest import selftest
+from conformance.reports.report import text_report, write_json, write_junit
+from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
     RunControl,
     at_least,
@@ -25,15 +28,12 @@ from conformance.control import (
     seconds,
     timeout_seconds,
 )
-from conformance.discovery import installed_backends, load_backend
-from conformance.isolation import Request, database_arg, run_isolated
-from conformance.plan import SetupError
-from conformance.report import text_report, write_json, write_junit
-from conformance.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
-from conformance.scheduler_suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
-from conformance.scheduler_suite import PROFILES as SCHEDULER_PROFILES
-from conformance.scheduler_suite import load_scheduler, run_scheduler_suite
-from conformance.selftest import selftest
+from conformance.run.discovery import installed_backends, load_backend
+from conformance.run.isolation import Request, database_arg, run_isolated
+from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
+from conformance.scheduler.suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
+from conformance.scheduler.suite import PROFILES as SCHEDULER_PROFILES
+from conformance.scheduler.suite import load_scheduler, run_scheduler_suite
 from spec.backend import DTYPES
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
@@ -122,8 +122,8 @@ def _status(result: RunResult) -> int:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    """The scheduler suite: invariants and token-exact equivalence (conformance.scheduler_suite)."""
-    from conformance import scheduler_suite_report as report
+    """The scheduler suite: invariants and token-exact equivalence (conformance.scheduler.suite)."""
+    from conformance.scheduler import report
 
     result = run_scheduler_suite(
         load_scheduler(args.scheduler),
@@ -148,14 +148,14 @@ def _scheduler(args: argparse.Namespace) -> int:
 def _vectors(args: argparse.Namespace) -> int:
     """Test vectors: export the suite's workloads, or check a backend against exported ones."""
     if args.action == "export":
-        from conformance.vectors_export import export_vectors
+        from conformance.vectors.export import export_vectors
 
         summary = export_vectors(
             Path(args.out), profile=args.profile, seed=args.seed, examples=args.examples
         )
         print(summary.describe())
         return OK
-    from conformance.vectors_check import check_vectors
+    from conformance.vectors.check import check_vectors
 
     result = check_vectors(load_backend(args.backend), args.backend, Path(args.dir))
     print(text_report(result))
@@ -178,7 +178,7 @@ def _list() -> int:
 
 
 def _argtype(parse: Callable[[str], _T]) -> Callable[[str], _T]:
-    """``parse`` (a parser of :mod:`conformance.control`) with its message shown by argparse."""
+    """``parse`` (a parser of :mod:`conformance.run.control`) with its message shown by argparse."""
 
     def checked(text: str) -> _T:
         try:

@@ -4,7 +4,7 @@
 
 The variable takes what ``--backend`` takes: an installed name, ``module:factory``
 or ``path/to/file.py:factory``. The other ``PAGED_SPEC_*`` variables
-(:data:`conformance.control.ENVIRONMENT`) set the profile, seed, examples,
+(:data:`conformance.run.control.ENVIRONMENT`) set the profile, seed, examples,
 dtypes, long examples, time budget, shrinking, the per-call timeout and the
 bounds check (``PAGED_SPEC_CHECK_BOUNDS``). The lockstep runs in a child
 process, as ``python -m conformance run`` does, so a crash or a hang of the
@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from conformance.discovery import ENV_VAR, load_backend
-from conformance.plan import SetupError
+from conformance.errors import SetupError
+from conformance.run.discovery import ENV_VAR, load_backend
 from conformance.testing import BackendConformance
 from spec.backend import Backend
 

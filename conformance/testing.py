@@ -15,10 +15,10 @@ One combined class, so that nothing is forgotten: subclass it, supply a
 Class attributes tune the run: ``conformance_profile`` (``"quick"`` by
 default), ``conformance_seed``, ``conformance_dtypes``,
 ``conformance_examples``, ``conformance_control`` (a
-:class:`~conformance.control.RunControl`), and ``backend_ref``, the name a
+:class:`~conformance.run.control.RunControl`), and ``backend_ref``, the name a
 failure's replay script uses to load the backend (by default the backend's
 class, as ``module:Class``). The ``PAGED_SPEC_*`` environment variables
-(:data:`conformance.control.ENVIRONMENT`) override them, so that a person
+(:data:`conformance.run.control.ENVIRONMENT`) override them, so that a person
 running the tests can reproduce a seed or bound a run without editing code.
 
 The run is in process: the backend is the fixture's object. Set
@@ -36,12 +36,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from conformance.control import RunControl, environment_options
-from conformance.device_contract import DeviceContract, uses_device_contract
-from conformance.isolation import Request, database_arg, run_isolated
-from conformance.plan import SetupError, plan_for
-from conformance.report import summary_lines, text_report
-from conformance.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
+from conformance.errors import SetupError
+from conformance.judges.device_contract import DeviceContract, uses_device_contract
+from conformance.lockstep.plan import plan_for
+from conformance.reports.report import summary_lines, text_report
+from conformance.run.control import RunControl, environment_options
+from conformance.run.isolation import Request, database_arg, run_isolated
+from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
 from spec.backend import DTYPES, Backend, Capabilities, FloatArray, KVGeometry
 
 PROFILE_ENV_VAR = "PAGED_SPEC_PROFILE"
@@ -173,7 +174,7 @@ def _write_then_read(
     """K ``rows`` and V ``-rows`` written to ``slot``; blocks 0 and 1 of layer 0 read back.
 
     In the backend's own contract: numpy, or the device-resident one
-    (:mod:`conformance.device_contract`: tensors in, ``read_blocks`` out).
+    (:mod:`conformance.judges.device_contract`: tensors in, ``read_blocks`` out).
     """
     caps = backend.capabilities
     if not uses_device_contract(caps):

@@ -151,7 +151,7 @@ class Precision:
     *unnormalised* probabilities ``exp(s - max)`` before ``P @ V``, as a
     half-precision kernel does, which then divides by their (unrounded)
     float32 sum. The conformance suite uses it for its same-precision
-    reference (:mod:`conformance.numerics`).
+    reference (:mod:`conformance.judges.numerics`).
     """
 
     compute: str = "float64"  # the dtype of every product and sum: "float64" or "float32"

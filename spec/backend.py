@@ -346,7 +346,7 @@ class Backend(Protocol):
 
     A return of the wrong kind, device, dtype or shape is a conformance
     failure naming what came back and what was expected
-    (:mod:`conformance.device_contract`).
+    (:mod:`conformance.judges.device_contract`).
     """
 
     @property

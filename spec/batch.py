@@ -80,7 +80,7 @@ PADDING_RULE = (
 
 Reading a padding entry is allowed because the entry exists (it is part of the
 table the caller allocated); using it as a block id is not (:data:`PAD_BLOCK`
-points before the pool). ``conformance.bounds`` checks exactly this: by
+points before the pool). ``conformance.bounds.checker`` checks exactly this: by
 default any access outside the tensors of a kernel launch, and in strict mode
 reads of padding entries too.
 """

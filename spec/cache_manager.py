@@ -72,7 +72,7 @@ of dimension ``D`` and ``s`` bytes an element, block ``b`` held by group
 group in array ``j``: they never hold one block id at the same time), so the
 pool costs ``num_blocks * 2 * B * max_g L_g * H_kv * D * s`` bytes, and groups
 of equal size waste nothing: split a model's windowed layers into groups of
-the full-attention group's size (``tools.capacity`` does). The state pool
+the full-attention group's size (``paged_spec.capacity`` does). The state pool
 costs ``num_state_slots * state_bytes``, where ``state_bytes`` is one
 sequence's state over every state layer (144 MiB for the seeds' 27B). The
 host pools cost the same per block and per slot. The contract's own layout

@@ -19,7 +19,7 @@ the running ones is a sort of a list that is mostly in order already
 only at the heads of the waiting and swapped queues, O(log W) per sequence
 admitted and O(1) when no seat or budget is free; nothing is ever re-sorted
 as sequences wait (:mod:`spec.sched_policy`). The layout and the metrics are
-O(R + tokens). ``python -m tools.bench_scheduler`` measures it.
+O(R + tokens). ``python -m benchmarks.scheduler`` measures it.
 """
 
 from __future__ import annotations

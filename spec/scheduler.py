@@ -17,7 +17,7 @@ sched.result(request_id)           # FinishedRequest: each sample's generated to
 
 Between ``update`` and the next ``step`` a caller may ``submit`` more requests
 or ``abort`` one. Any implementation of the :class:`Scheduler` protocol plugs
-into the engine, the simulator and ``conformance.scheduler_invariants``.
+into the engine, the simulator and ``conformance.scheduler.invariants``.
 Every call either completes or raises a :class:`~spec.errors.SpecError` that
 names the bad argument, having changed nothing: a refused ``update`` can be
 retried, a refused request never enters, and the others carry on.

@@ -17,11 +17,11 @@ import torch
 from hypothesis import settings
 from numpy.typing import NDArray
 
+from benchmarks._batches import context_step
 from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
 from spec.kv_budget import cdiv
 from spec.kv_memory import KVMemory
-from tools._batches import context_step
 
 F64 = NDArray[np.float64]
 

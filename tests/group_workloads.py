@@ -1,4 +1,4 @@
-"""Scripted workloads for the planted KV cache group bugs (:mod:`conformance.planted_groups`).
+"""Scripted workloads for the planted KV cache group bugs (:mod:`conformance.planted.groups`).
 
 ``test_conformance_lockstep.py`` runs each on the correct backends (it must
 pass) and on its planted bug (it must be caught, as one of the listed kinds).
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from conformance.lockstep import Lockstep
-from conformance.workload import WorkloadConfig, geometry_for, scale_for
+from conformance.lockstep.driver import Lockstep
+from conformance.lockstep.workload import WorkloadConfig, geometry_for, scale_for
 from spec.attention import PLAIN, AttentionVariant
 
 HEADS = 4  # two KV heads, two query heads each

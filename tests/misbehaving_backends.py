@@ -1,6 +1,6 @@
 """Backends that misbehave in the ways a suite must survive: each factory is one way.
 
-Each is a correct numpy backend (:class:`conformance.numpy_backend.NumpyPagedBackend`)
+Each is a correct numpy backend (:class:`conformance.lockstep.numpy_backend.NumpyPagedBackend`)
 with one method changed, named on the command line as
 ``tests/misbehaving_backends.py:FACTORY``. They exit, hang, crash the
 process, answer differently on replay, write into their inputs, or hand out
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.numpy_backend import NumpyPagedBackend
+from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from spec.attention import AttentionVariant
 from spec.backend import Capabilities, FloatArray, KVGeometry
 from spec.batch import BatchMetadata

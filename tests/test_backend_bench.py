@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import bench_attention
+from benchmarks import attention as bench_attention
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run is long; run it by hand")

@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from paged_spec import engine_demo
+from paged_spec.engine.beam_search import contiguous_beam_search, paged_beam_search
+from paged_spec.engine.tiny_model import TinyModel
 from spec.backend import ReferenceBackend
 from spec.errors import ArgumentValueError, OutOfBlocksError
 from spec.kv_budget import cdiv
-from tools import engine_demo
-from tools.beam_search import contiguous_beam_search, paged_beam_search
-from tools.tiny_model import TinyModel
 
 MODEL = TinyModel()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools import bench_conformance
+from benchmarks import conformance as bench_conformance
 
 
 def test_bench_prints_suite_and_backend_time_per_step(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tools import bench_device_contract
+from benchmarks import device_contract as bench_device_contract
 
 
 def test_bench_prints_time_per_step_under_each_contract(

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import paged_spec.capacity
 import spec.kv_budget
-import tools.capacity
+from paged_spec.capacity import PRESETS, ModelKV, capacity, main
 from spec.errors import InvalidRequestError
 from spec.kv_budget import GIB, KIB, MIB, sequence_bytes, sequences_that_fit
-from tools.capacity import PRESETS, ModelKV, capacity, main
 
 
-@pytest.mark.parametrize("module", [tools.capacity, spec.kv_budget])
+@pytest.mark.parametrize("module", [paged_spec.capacity, spec.kv_budget])
 def test_doctests(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0, result

@@ -1,7 +1,7 @@
 """The capacity tool's allocator runs: the seeds' hybrid numbers, and what windows release.
 
 The figures come from admitting sequences into the spec's own memory side
-until one does not fit (:mod:`tools._capacity_alloc`); where a formula
+until one does not fit (:mod:`paged_spec._capacity_alloc`); where a formula
 exists (one full-attention group plus a fixed state), the two must agree.
 """
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from paged_spec._capacity_alloc import allocator_fit, group_layout
+from paged_spec.capacity import PRESETS, ModelKV, allocator_fits, capacity, main, windowless_fit
 from spec.kv_budget import MIB, cdiv
-from tools._capacity_alloc import allocator_fit, group_layout
-from tools.capacity import PRESETS, ModelKV, allocator_fits, capacity, main, windowless_fit
 
 
 def test_hybrid_27b_from_the_allocator() -> None:

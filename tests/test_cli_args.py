@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-import tools._cli
-from tools import capacity, engine_demo, simulate
+import paged_spec._cli
+from paged_spec import capacity, engine_demo, simulate
 
 Main = Callable[[Sequence[str] | None], int]
 TOOLS: dict[str, Main] = {
@@ -77,10 +77,10 @@ def test_engine_demo_pool_too_small_is_a_usage_error(capsys: pytest.CaptureFixtu
 
 
 def test_argument_types() -> None:
-    assert doctest.testmod(tools._cli).failed == 0
+    assert doctest.testmod(paged_spec._cli).failed == 0
     for bad in ("1.5", "", "0"):
         with pytest.raises(argparse.ArgumentTypeError):
-            tools._cli.positive_int(bad)
-    assert tools._cli.fraction("1") == 1.0
+            paged_spec._cli.positive_int(bad)
+    assert paged_spec._cli.fraction("1") == 1.0
     with pytest.raises(argparse.ArgumentTypeError):
-        tools._cli.positive_floats("1,,2")
+        paged_spec._cli.positive_floats("1,,2")

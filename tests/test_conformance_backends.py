@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.discovery import load_backend
-from conformance.report import text_report
-from conformance.runner import run_suite
+from conformance.reports.report import text_report
+from conformance.run.discovery import load_backend
+from conformance.run.runner import run_suite
 
 SHORT_RUNS = {"reference": 40, "torch": 20, "triton": 8}
 

@@ -30,9 +30,10 @@ from hypothesis import strategies as st
 
 from backend_gpu.kernels._checks import interpreting
 from backend_gpu.triton_backend import TritonBackend
-from conformance import _bounds_hooks
-from conformance.bounds import CONTRACT, GPU_NOTE, BoundsChecker, Violation, Watched
-from conformance.planted_kernels import (
+from benchmarks import bounds as bench_bounds
+from conformance.bounds import _hooks as _bounds_hooks
+from conformance.bounds.checker import CONTRACT, GPU_NOTE, BoundsChecker, Violation, Watched
+from conformance.planted.kernels import (
     EXACT,
     FLOOR_PLUS_ONE,
     WHOLE_TILE,
@@ -44,7 +45,6 @@ from conformance.planted_kernels import (
 from spec.attention import paged_attention as reference_attention
 from spec.backend import KVGeometry, ReferenceBackend
 from spec.batch import BatchMetadata, GroupLayout
-from tools import bench_bounds
 
 pytestmark = pytest.mark.skipif(
     not interpreting(), reason="the bounds checker needs TRITON_INTERPRET=1 (a CPU run)"

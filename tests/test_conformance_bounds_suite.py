@@ -1,6 +1,6 @@
 """``--check-bounds`` through the suite: planted kernels flagged, the Triton backend passes.
 
-The planted backends (:mod:`conformance.planted_kernels`) return right outputs,
+The planted backends (:mod:`conformance.planted.kernels`) return right outputs,
 so only the bounds check fails them; each run here is small (a few short
 examples, no long ones) because every kernel runs under Triton's interpreter.
 """
@@ -19,29 +19,29 @@ import pytest
 
 from backend_gpu.kernels._checks import interpreting
 from backend_gpu.triton_backend import TritonBackend
-from conformance.bounds import CONTRACT, BoundsChecker
+from benchmarks import bounds as bench_bounds
+from conformance.bounds.checker import CONTRACT, BoundsChecker
 from conformance.cli import main
-from conformance.control import RunControl, environment_options
-from conformance.lockstep import ConformanceFailure, Lockstep
-from conformance.plan import SetupError
-from conformance.planted_kernels import (
+from conformance.errors import SetupError
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.workload import WorkloadConfig
+from conformance.planted.kernels import (
     PLANTED_BOUNDS,
     ReadsOnePastARow,
     ReadsPastTheTable,
 )
-from conformance.report import replay_script, summary_lines, text_report
-from conformance.runner import RunResult, run_suite, same_outcome
+from conformance.reports.report import replay_script, summary_lines, text_report
+from conformance.run.control import RunControl, environment_options
+from conformance.run.runner import RunResult, run_suite, same_outcome
 from conformance.testing import _merge
-from conformance.workload import WorkloadConfig
 from spec.backend import Backend, KVGeometry, ReferenceBackend
 from spec.batch import PADDING_RULE
-from tools import bench_bounds
 
 pytestmark = pytest.mark.skipif(
     not interpreting(), reason="the bounds checker needs TRITON_INTERPRET=1 (a CPU run)"
 )
-PAST_TABLE = "conformance.planted_kernels:ReadsPastTheTable"
-PAST_ROW = "conformance.planted_kernels:ReadsOnePastARow"
+PAST_TABLE = "conformance.planted.kernels:ReadsPastTheTable"
+PAST_ROW = "conformance.planted.kernels:ReadsOnePastARow"
 SMALL = ["--max-examples", "3", "--long-examples", "0", "--no-database", "--seed", "7"]
 
 
@@ -149,7 +149,7 @@ def test_the_replay_script_reproduces_the_bounds_failure_and_only_with_the_check
     assert result.difference is not None and result.difference.what == "bounds"
     assert result.nondeterminism is None  # the run's own replay gave the same outcome
     script = replay_script(result).replace(f"load_backend({PAST_ROW!r})", "ReadsOnePastARow()")
-    script = "from conformance.planted_kernels import ReadsOnePastARow\n" + script
+    script = "from conformance.planted.kernels import ReadsOnePastARow\n" + script
     assert "bounds=BoundsChecker(strict=True)" in script
     with pytest.raises(ConformanceFailure) as caught:
         exec(compile(script, "replay.py", "exec"), {})

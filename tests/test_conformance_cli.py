@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.discovery import installed_backends, load_backend
-from conformance.machine import RunStats, timed_progress
-from conformance.plan import SetupError, plan_for
-from conformance.planted import WritesPaddingSlot
-from conformance.report import replay_script, reproduce_command
-from conformance.runner import RunResult, run_suite
+from conformance.errors import SetupError
+from conformance.lockstep.machine import RunStats, timed_progress
+from conformance.lockstep.plan import plan_for
+from conformance.planted.backends import WritesPaddingSlot
+from conformance.reports.report import replay_script, reproduce_command
+from conformance.run.discovery import installed_backends, load_backend
+from conformance.run.runner import RunResult, run_suite
 from spec.backend import Capabilities, ReferenceBackend
 
-BROKEN = "conformance.planted:WritesPaddingSlot"
+BROKEN = "conformance.planted.backends:WritesPaddingSlot"
 
 
 def test_reference_conforms_and_writes_both_reports(

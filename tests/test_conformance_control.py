@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.control import RunControl, environment_options
-from conformance.plan import SetupError
-from conformance.planted import CopiesKeyOnly
-from conformance.runner import run_suite
+from conformance.errors import SetupError
+from conformance.planted.backends import CopiesKeyOnly
+from conformance.run.control import RunControl, environment_options
+from conformance.run.runner import run_suite
 from conformance.testing import _merge
 from spec.backend import Capabilities, ReferenceBackend
 
-BROKEN = "conformance.planted:CopiesKeyOnly"
+BROKEN = "conformance.planted.backends:CopiesKeyOnly"
 
 
 def _json(tmp_path: Path, *argv: str) -> tuple[int, dict[str, object], str]:

@@ -19,17 +19,17 @@ import pytest
 import torch
 
 from backend_gpu.torch_backend import TorchBackend, make_device_backend
-from conformance.device_contract import DeviceContract, setup_problem
-from conformance.discovery import load_backend
-from conformance.lockstep import ConformanceFailure, Lockstep
-from conformance.plan import SetupError
-from conformance.runner import run_suite
+from conformance.errors import SetupError
+from conformance.judges.device_contract import DeviceContract, setup_problem
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.workload import WorkloadConfig
+from conformance.run.discovery import load_backend
+from conformance.run.runner import run_suite
 from conformance.testing import BackendConformance
-from conformance.workload import WorkloadConfig
+from paged_spec.engine_demo import make_backend as engine_backend
 from spec.attention import AttentionVariant
 from spec.backend import Backend, Capabilities, FloatArray, KVGeometry, ReferenceBackend
 from spec.batch import BatchArrays, BatchMetadata
-from tools.engine import make_backend as engine_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "tests/device_backend/device_backend.py"

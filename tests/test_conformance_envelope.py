@@ -11,13 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance.cli import main
-from conformance.envelope import CPU, DEVICE
-from conformance.lockstep import Lockstep
-from conformance.numpy_backend import NumpyPagedBackend
-from conformance.plan import SetupError, plan_for
-from conformance.report import json_report, text_report, write_junit
-from conformance.runner import run_suite
-from conformance.workload import WorkloadConfig
+from conformance.errors import SetupError
+from conformance.lockstep.driver import Lockstep
+from conformance.lockstep.envelope import CPU, DEVICE
+from conformance.lockstep.numpy_backend import NumpyPagedBackend
+from conformance.lockstep.plan import plan_for
+from conformance.lockstep.workload import WorkloadConfig
+from conformance.reports.report import json_report, text_report, write_junit
+from conformance.run.runner import run_suite
 from spec.attention import AttentionVariant
 from spec.backend import Capabilities, KVGeometry
 from spec.batch import BatchMetadata
@@ -177,7 +178,7 @@ def test_an_empty_intersection_exits_2_naming_it(
 ) -> None:
     backend = tmp_path / "picky.py"
     backend.write_text(
-        "from conformance.numpy_backend import NumpyPagedBackend\n"
+        "from conformance.lockstep.numpy_backend import NumpyPagedBackend\n"
         "from spec.backend import Capabilities\n"
         "class Picky(NumpyPagedBackend):\n"
         "    @property\n"

@@ -17,16 +17,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.group_memory import GroupMemory
-from conformance.groups import GROUPS, WINDOW_BLOCKS, group_label
-from conformance.lockstep import ConformanceFailure, Lockstep
-from conformance.numpy_backend import NumpyPagedBackend
-from conformance.plan import plan_for
-from conformance.planted import PLANTED
-from conformance.planted_groups import PLANTED_GROUPS, DropsReleasedEntries, ReadsGroupZeroTables
-from conformance.report import text_report
-from conformance.runner import RunResult, run_suite
-from conformance.workload import WorkloadConfig
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.group_memory import GroupMemory
+from conformance.lockstep.groups import GROUPS, WINDOW_BLOCKS, group_label
+from conformance.lockstep.numpy_backend import NumpyPagedBackend
+from conformance.lockstep.plan import plan_for
+from conformance.lockstep.workload import WorkloadConfig
+from conformance.planted.backends import PLANTED
+from conformance.planted.groups import PLANTED_GROUPS, DropsReleasedEntries, ReadsGroupZeroTables
+from conformance.reports.report import text_report
+from conformance.run.runner import RunResult, run_suite
 from spec.attention import PLAIN, VARIANTS, AttentionVariant
 from spec.backend import Backend, Capabilities, KVGeometry, ReferenceBackend
 from spec.batch import PAD_BLOCK

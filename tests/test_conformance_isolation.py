@@ -23,9 +23,9 @@ import pytest
 from misbehaving_backends import MARKER_VAR
 
 from conformance.cli import main
-from conformance.control import RunControl
-from conformance.discovery import load_backend
-from conformance.runner import run_suite
+from conformance.run.control import RunControl
+from conformance.run.discovery import load_backend
+from conformance.run.runner import run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ROOT / "tests" / "misbehaving_backends.py"

@@ -12,23 +12,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 from variant_workloads import VARIANT_WORKLOADS
 
-from conformance.compare import first_kv_difference, first_output_difference
-from conformance.dtypes import round_to
-from conformance.lockstep import ConformanceFailure, Lockstep
-from conformance.machine import VOCAB
-from conformance.numerics import output_errors
-from conformance.numpy_backend import NumpyPagedBackend
-from conformance.planted import PLANTED, OnlineSoftmaxNoRescale
-from conformance.report import replay_script
-from conformance.runner import run_suite
-from conformance.selftest import SELFTEST_SEED
-from conformance.workload import (
+from conformance.judges.compare import first_kv_difference, first_output_difference
+from conformance.judges.dtypes import round_to
+from conformance.judges.numerics import output_errors
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.machine import VOCAB
+from conformance.lockstep.numpy_backend import NumpyPagedBackend
+from conformance.lockstep.workload import (
     TokenKV,
     WorkloadConfig,
     geometry_for,
     large_pool_base,
     scale_for,
 )
+from conformance.planted.backends import PLANTED, OnlineSoftmaxNoRescale
+from conformance.planted.selftest import SELFTEST_SEED
+from conformance.reports.report import replay_script
+from conformance.run.runner import run_suite
 from spec.backend import Backend, ReferenceBackend
 
 
@@ -279,7 +279,7 @@ def test_output_difference_allows_what_a_same_precision_kernel_errs_by() -> None
 
 
 def test_a_found_failure_shrinks_to_a_replayable_script() -> None:
-    ref = "conformance.planted:WritesPaddingSlot"
+    ref = "conformance.planted.backends:WritesPaddingSlot"
     result = run_suite(
         PLANTED["padding slot -1 written (into the last slot)"](), ref, run_seed=7, database=None
     )
@@ -303,7 +303,7 @@ def test_online_softmax_without_rescale_is_exact_within_one_tile() -> None:
 
 
 def test_the_quick_profile_catches_a_bug_past_64_keys() -> None:
-    ref = "conformance.planted:OnlineSoftmaxNoRescale"
+    ref = "conformance.planted.backends:OnlineSoftmaxNoRescale"
     result = run_suite(
         OnlineSoftmaxNoRescale(), ref, run_seed=SELFTEST_SEED, database=None, shrink=False
     )

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend_gpu.torch_backend import TorchBackend
-from conformance.dtypes import round_to
-from conformance.lockstep import ConformanceFailure, Lockstep
-from conformance.numerics import ExampleMeter, output_errors, same_precision, ulp
-from conformance.numpy_backend import F32, NumpyPagedBackend
-from conformance.planted import Fp16Accumulation, RoundsTowardZero, WritesPaddingSlot
-from conformance.runner import run_suite
-from conformance.workload import WorkloadConfig, geometry_for, large_pool_base, scale_for
+from conformance.judges.dtypes import round_to
+from conformance.judges.numerics import ExampleMeter, output_errors, same_precision, ulp
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.numpy_backend import F32, NumpyPagedBackend
+from conformance.lockstep.workload import WorkloadConfig, geometry_for, large_pool_base, scale_for
+from conformance.planted.backends import Fp16Accumulation, RoundsTowardZero, WritesPaddingSlot
+from conformance.run.runner import run_suite
 from spec.attention import paged_attention
 from spec.backend import KVGeometry, ReferenceBackend
 from spec.kv_memory import KVMemory
@@ -212,7 +212,7 @@ def test_a_stray_write_into_a_large_pool_is_found_by_the_sweep_and_the_end() -> 
     assert caught.value.difference.block == config.geometry.num_blocks - 1
     assert caught.value.log[-1] == "ls.finish()"
     result = run_suite(
-        WritesPaddingSlot(), "conformance.planted:WritesPaddingSlot", run_seed=2,
+        WritesPaddingSlot(), "conformance.planted.backends:WritesPaddingSlot", run_seed=2,
         database=None, max_examples=3, passes=("wide",), shrink=False,
     )  # fmt: skip
     assert result.difference is not None and result.difference.what == "K"

@@ -19,9 +19,13 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.plan import SetupError
-from conformance.scheduler_invariants import SchedulerInvariantError, run_checked
-from conformance.scheduler_suite import (
+from conformance.errors import SetupError
+from conformance.planted.schedulers import BudgetPerSequence, _Wrapped
+from conformance.scheduler.engine import EQUIVALENCE, EngineExecutor
+from conformance.scheduler.invariants import SchedulerInvariantError, run_checked
+from conformance.scheduler.model import generate_alone
+from conformance.scheduler.report import replay_script, reproduce_command
+from conformance.scheduler.suite import (
     PROFILES,
     SchedulerRunResult,
     SuiteStats,
@@ -29,11 +33,7 @@ from conformance.scheduler_suite import (
     load_scheduler,
     run_scheduler_suite,
 )
-from conformance.scheduler_suite_engine import EQUIVALENCE, EngineExecutor
-from conformance.scheduler_suite_model import generate_alone
-from conformance.scheduler_suite_planted import BudgetPerSequence, _Wrapped
-from conformance.scheduler_suite_report import replay_script, reproduce_command
-from conformance.scheduler_workloads import Workload
+from conformance.scheduler.workloads import Workload
 from spec.request import Request
 from spec.scheduler import (
     ContinuousScheduler,
@@ -91,7 +91,7 @@ def test_a_module_factory_loads_from_sys_path(monkeypatch: pytest.MonkeyPatch) -
 
 def test_a_failure_writes_the_violation_into_both_reports(tmp_path: Path) -> None:
     report, junit = tmp_path / "r.json", tmp_path / "r.xml"
-    ref = "conformance.scheduler_suite_planted:BudgetPerSequence"
+    ref = "conformance.planted.schedulers:BudgetPerSequence"
     argv = ["scheduler", "--scheduler", ref, "--seed", "3", "--no-database", "--no-shrink"]
     assert main([*argv, "--report", str(report), "--junit", str(junit)]) == 1
     failure = json.loads(report.read_text())["failure"]
@@ -198,7 +198,7 @@ def test_a_scheduler_without_an_engine_loop_is_reported_as_skipped(
 
 
 def test_a_saved_failure_replays_first_on_the_next_run(tmp_path: Path) -> None:
-    ref = "conformance.scheduler_suite_planted:BudgetPerSequence"
+    ref = "conformance.planted.schedulers:BudgetPerSequence"
     first = run_scheduler_suite(BudgetPerSequence, ref, run_seed=3, database=tmp_path, shrink=False)
     assert first.stats.first_failure_example is not None and first.stats.first_failure_example > 1
     again = run_scheduler_suite(BudgetPerSequence, ref, run_seed=9, database=tmp_path, shrink=False)

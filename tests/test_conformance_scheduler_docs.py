@@ -1,7 +1,7 @@
 """docs/scheduler-conformance.md: its worked example is the example's code and its real report.
 
 The page's command outputs are ``<!-- output: ... -->`` blocks, which
-``tests/test_docs.py`` runs and compares (``python -m tools.docs_outputs
+``tests/test_docs.py`` runs and compares (``python -m docs_tools.outputs
 --write docs/scheduler-conformance.md`` regenerates them); its ``>>>``
 examples run there too. This file checks what ties them together: the
 replay shown as Python is the one the broken variant's report prints, and
@@ -14,10 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from conformance.scheduler_workloads import Workload
+from conformance.scheduler.workloads import Workload
+from docs_tools.outputs import find_blocks
 from spec.request import Request
 from spec.scheduler import SchedulerConfig
-from tools.docs_outputs import find_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "scheduler-conformance.md"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance import scheduler_suite_selftest
 from conformance.cli import main
-from conformance.scheduler_invariants import SchedulerInvariantError
-from conformance.scheduler_suite_engine import EQUIVALENCE
-from conformance.scheduler_suite_planted import ENGINE_ONLY, PLANTED
+from conformance.planted import selftest_scheduler as scheduler_suite_selftest
+from conformance.planted.schedulers import ENGINE_ONLY, PLANTED
+from conformance.scheduler.engine import EQUIVALENCE
+from conformance.scheduler.invariants import SchedulerInvariantError
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "scheduler-conformance.md"
@@ -57,7 +57,7 @@ def test_a_planted_bug_fails_with_a_shrunk_replay_that_fails_too(
     label: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     make = PLANTED[label]
-    ref = f"conformance.scheduler_suite_planted:{getattr(make, '__name__', '')}"
+    ref = f"conformance.planted.schedulers:{getattr(make, '__name__', '')}"
     report = tmp_path / "report.json"
     argv = ["scheduler", "--scheduler", ref, "--seed", str(SEEDS[label]), "--no-database"]
     assert main([*argv, "--report", str(report)]) == 1

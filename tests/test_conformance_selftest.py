@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.numpy_backend import NumpyPagedBackend
-from conformance.planted import PLANTED
+from conformance.lockstep.numpy_backend import NumpyPagedBackend
+from conformance.planted.backends import PLANTED
 
 ROOT = Path(__file__).resolve().parents[1]
 

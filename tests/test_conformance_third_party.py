@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.discovery import ENV_VAR, load_backend
+from conformance.run.discovery import ENV_VAR, load_backend
 from conformance.testing import BackendConformance
 from spec.backend import Backend
 
@@ -94,7 +94,7 @@ def test_way_2_environment_variable_under_plain_pytest() -> None:
 
 
 def test_way_2_reports_a_broken_backend_as_a_test_failure() -> None:
-    done = _pytest_with_env("conformance.planted:IgnoresScale")
+    done = _pytest_with_env("conformance.planted.backends:IgnoresScale")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed, 2 passed" in done.stdout
     assert "FIRST DIFFERENCE" in done.stdout and "load_backend(" in done.stdout

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from variant_workloads import VARIANT_WORKLOADS
 
-from conformance import variants
-from conformance.lockstep import ConformanceFailure, Lockstep
-from conformance.numpy_backend import NumpyPagedBackend
-from conformance.plan import plan_for
-from conformance.planted_variants import Fp8NoSaturation, WindowOffByOne
-from conformance.runner import run_suite
-from conformance.workload import LONG_PROMPTS, WorkloadConfig
+from conformance.lockstep import variants
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.numpy_backend import NumpyPagedBackend
+from conformance.lockstep.plan import plan_for
+from conformance.lockstep.workload import LONG_PROMPTS, WorkloadConfig
+from conformance.planted.variants import Fp8NoSaturation, WindowOffByOne
+from conformance.run.runner import run_suite
 from spec.attention import VARIANTS
 from spec.backend import KV_DTYPES, Capabilities, ReferenceBackend
 from spec.quant import FP8_FORMATS

@@ -2,7 +2,7 @@
 
 Numbers on the pages are doctest output (``>>>`` examples) or command output
 (``console`` blocks under an ``<!-- output: COMMAND -->`` marker, see
-``tools/docs_outputs.py``), so a change in the code that changes a number
+``docs_tools/outputs.py``), so a change in the code that changes a number
 fails here until the page says the new number. The strict build fails on a
 broken link, a missing nav page, or a bad API reference.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-import tools._griffe_pycon
-import tools.docs_outputs
-from tools._griffe_pycon import fence_doctests
-from tools.docs_outputs import Block, find_blocks, render, run_command, stale, unmarked_blocks
+import docs_tools.griffe_pycon
+import docs_tools.outputs
+from docs_tools.griffe_pycon import fence_doctests
+from docs_tools.outputs import Block, find_blocks, render, run_command, stale, unmarked_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -56,7 +56,7 @@ def test_command_output_is_current(page: Path, block: Block) -> None:
     diff = stale(block, render(block, run_command(block)))
     assert diff is None, (
         f"{page.name}:{block.line}: `{block.command}` prints otherwise; regenerate with "
-        f"`python -m tools.docs_outputs --write docs/{page.name}`\n{diff}"
+        f"`python -m docs_tools.outputs --write docs/{page.name}`\n{diff}"
     )
 
 
@@ -68,7 +68,7 @@ def test_no_output_is_typed_in_by_hand() -> None:
 
 
 def test_output_mechanism(tmp_path: Path) -> None:
-    assert doctest.testmod(tools.docs_outputs).failed == 0
+    assert doctest.testmod(docs_tools.outputs).failed == 0
     page = tmp_path / "p.md"
     text = (
         "<!-- output: python -c 'import time; print(time.time())'; vary [0-9.]+ -->\n"
@@ -82,10 +82,10 @@ def test_output_mechanism(tmp_path: Path) -> None:
     assert stale(first, render(first, run_command(first))) is None  # the time is masked
     assert "+1" in (stale(second, render(second, run_command(second))) or "")
     assert unmarked_blocks(text) == [13]
-    diffs, missing = tools.docs_outputs.check_page(page, write=True)
+    diffs, missing = docs_tools.outputs.check_page(page, write=True)
     assert len(diffs) == 1 and len(missing) == 1
     assert "raise SystemExit(3)'\n1\n```" in page.read_text()
-    assert tools.docs_outputs.check_page(page) == ([], missing)
+    assert docs_tools.outputs.check_page(page) == ([], missing)
     bad = find_blocks("<!-- output: python -c 'raise SystemExit(1)' -->\n```console\n```\n")
     with pytest.raises(RuntimeError, match="exited 1, expected 0"):
         run_command(bad[0])
@@ -113,7 +113,7 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
 
 
 def test_docstring_examples_are_fenced_for_the_site() -> None:
-    assert doctest.testmod(tools._griffe_pycon).failed == 0
+    assert doctest.testmod(docs_tools.griffe_pycon).failed == 0
     text = "Intro :func:`f`.\n\n    >>> f()\n    1\n    >>> g()\n\nAfter."
     assert fence_doctests(text).splitlines() == [
         "Intro `f`.",
@@ -133,7 +133,7 @@ def test_every_dataclass_field_of_the_spec_says_what_it_holds() -> None:
     """A field's trailing comment is its documentation on the API pages (FieldComments)."""
     import griffe
 
-    extensions = griffe.load_extensions(tools._griffe_pycon.FieldComments)
+    extensions = griffe.load_extensions(docs_tools.griffe_pycon.FieldComments)
     spec = griffe.load("spec", search_paths=[str(ROOT)], extensions=extensions)
     missing = [
         f"{module.name}.{cls.name}.{name}"
@@ -151,7 +151,7 @@ def test_api_pages_show_fields_and_private_rules() -> None:
     import griffe
 
     extensions = griffe.load_extensions(
-        tools._griffe_pycon.FieldComments, tools._griffe_pycon.PrivateCalls
+        docs_tools.griffe_pycon.FieldComments, docs_tools.griffe_pycon.PrivateCalls
     )
     spec = griffe.load("spec", search_paths=[str(ROOT)], extensions=extensions)
     config = spec["scheduler.SchedulerConfig"]

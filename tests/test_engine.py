@@ -17,7 +17,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from conformance.scheduler_workloads import Workload, workloads
+from conformance.scheduler.workloads import Workload, workloads
+from paged_spec.engine.loop import Engine
+from paged_spec.engine.tiny_model import ModelConfig, TinyModel, generate_alone
+from paged_spec.engine_demo import make_backend
 from spec.backend import Backend, ReferenceBackend
 from spec.request import Request
 from spec.scheduler import (
@@ -26,8 +29,6 @@ from spec.scheduler import (
     SchedulerOutput,
     StaticScheduler,
 )
-from tools.engine import Engine, make_backend
-from tools.tiny_model import ModelConfig, TinyModel, generate_alone
 
 MODEL = TinyModel(
     ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=64)

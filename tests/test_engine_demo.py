@@ -1,11 +1,11 @@
-"""``python -m tools.engine_demo`` prints a metrics table and the equivalence line, and exits 0."""
+"""``python -m paged_spec.engine_demo`` prints metrics and the equivalence line; exits 0."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tools import engine_demo
+from paged_spec import engine_demo
 
 
 def test_demo_runs_and_matches_unbatched(capsys: pytest.CaptureFixture[str]) -> None:

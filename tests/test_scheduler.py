@@ -1,6 +1,6 @@
 """The scheduler's invariants, on random workloads, for every scheduler implementation.
 
-The checker (:mod:`conformance.scheduler_invariants`) drives a scheduler with a
+The checker (:mod:`conformance.scheduler.invariants`) drives a scheduler with a
 fixed "sampling" function, so these runs need no model: they check budgets,
 seats, slots, integrity, progress, FCFS order, no leaks, and that every
 request generates exactly what it generates alone. Deliberately broken
@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.scheduler_invariants import (
+from conformance.scheduler.invariants import (
     SchedulerInvariantError,
     default_tokens,
     expected_outputs,
     run_checked,
 )
-from conformance.scheduler_workloads import Workload, workloads
+from conformance.scheduler.workloads import Workload, workloads
 from spec.block_manager import cdiv
 from spec.errors import CapacityError, InvalidRequestError
 from spec.request import Request, SeqStatus, Sequence

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools import bench_scheduler
+from benchmarks import scheduler as bench_scheduler
 
 
 def test_bench_prints_each_scenario_with_a_ratio(capsys: pytest.CaptureFixture[str]) -> None:

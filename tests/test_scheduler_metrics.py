@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from conformance.scheduler_invariants import run_checked
-from conformance.scheduler_workloads import Workload, workloads
+from conformance.scheduler.invariants import run_checked
+from conformance.scheduler.workloads import Workload, workloads
 from spec.scheduler import ContinuousScheduler, SchedulerConfig
 
 

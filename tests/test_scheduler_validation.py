@@ -22,8 +22,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.scheduler_invariants import default_tokens, expected_outputs
-from conformance.scheduler_workloads import Workload, workloads
+from conformance.scheduler.invariants import default_tokens, expected_outputs
+from conformance.scheduler.workloads import Workload, workloads
 from spec.errors import (
     ArgumentTypeError,
     ArgumentValueError,

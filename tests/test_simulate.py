@@ -15,18 +15,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import tools._sim_cost
-import tools._sim_heap
-import tools._sim_run
-import tools._sim_traffic
-import tools.simulate
-from spec.errors import CapacityError
-from spec.metrics import RequestTimeline
-from spec.request import Request
-from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS, idle_step_seconds, step_seconds
-from tools._sim_heap import FirstFitHeap, replay
-from tools._sim_run import POLICIES, EngineConfig, admission_error, run
-from tools._sim_traffic import (
+import paged_spec.sim.cost
+import paged_spec.sim.heap
+import paged_spec.sim.run
+import paged_spec.sim.traffic
+import paged_spec.simulate
+from paged_spec.sim.cost import GPU_PRESETS, MODEL_PRESETS, idle_step_seconds, step_seconds
+from paged_spec.sim.heap import FirstFitHeap, replay
+from paged_spec.sim.run import POLICIES, EngineConfig, admission_error, run
+from paged_spec.sim.traffic import (
     DOCUMENT,
     LENGTH_PRESETS,
     TraceRequest,
@@ -35,7 +32,10 @@ from tools._sim_traffic import (
     poisson_trace,
     save_trace,
 )
-from tools.simulate import SimConfig, main, simulate, write_outputs
+from paged_spec.simulate import SimConfig, main, simulate, write_outputs
+from spec.errors import CapacityError
+from spec.metrics import RequestTimeline
+from spec.request import Request
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_RESULTS = ROOT / "docs" / "assets" / "simulate" / "results.json"
@@ -47,7 +47,9 @@ def small() -> dict[str, Any]:
     return simulate(SMALL)
 
 
-@pytest.mark.parametrize("module", [tools._sim_cost, tools._sim_traffic, tools._sim_heap])
+@pytest.mark.parametrize(
+    "module", [paged_spec.sim.cost, paged_spec.sim.traffic, paged_spec.sim.heap]
+)
 def test_doctests(module: object) -> None:
     result = doctest.testmod(module)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0, result
@@ -179,7 +181,7 @@ def test_write_outputs_without_plots(small: dict[str, Any], tmp_path: Path) -> N
 def test_docs_figures_come_from_this_code() -> None:
     """The committed results behind docs/simulator.md are what the code computes today.
 
-    Regenerate with ``python -m tools.simulate --out docs/assets/simulate`` if this fails.
+    Regenerate with ``python -m paged_spec.simulate --out docs/assets/simulate`` if this fails.
     """
     committed = json.loads(DOCS_RESULTS.read_text())
     saved = {k: v for k, v in committed["config"].items() if k in SimConfig.__dataclass_fields__}
@@ -191,7 +193,7 @@ def test_docs_figures_come_from_this_code() -> None:
         fresh = json.loads(json.dumps(fresh))  # the same rounding trip as the file
         assert fresh == committed["main"]["runs"][policy], (
             f"{policy}: docs/assets/simulate/results.json is stale; regenerate it with "
-            "`python -m tools.simulate --out docs/assets/simulate`"
+            "`python -m paged_spec.simulate --out docs/assets/simulate`"
         )
     paged = committed["summary"]["paged_kv_utilization"]
     assert paged >= 0.96, f"paged KV utilization {paged:.1%} on the ShareGPT-like preset"
@@ -258,7 +260,7 @@ def test_admission_error_is_a_capacity_error() -> None:
 
 
 def _request_for(r: TraceRequest) -> Request:
-    return tools._sim_run._request(0, r, TINY)
+    return paged_spec.sim.run._request(0, r, TINY)
 
 
 def test_max_chunk_tokens_bounds_the_stall_a_long_prompt_causes() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from paged_spec.sim.cost import GPU_PRESETS, MODEL_PRESETS, step_seconds
+from paged_spec.sim.run import POLICIES, run
+from paged_spec.sim.traffic import TraceRequest
+from paged_spec.simulate import SimConfig, main
 from spec.kv_budget import MIB
-from tools._sim_cost import GPU_PRESETS, MODEL_PRESETS, step_seconds
-from tools._sim_run import POLICIES, run
-from tools._sim_traffic import TraceRequest
-from tools.simulate import SimConfig, main
 
 HYBRID = SimConfig(model="hybrid-27b", kv_pool_gib=4.0, max_num_seqs=6, max_model_len=1024)
 

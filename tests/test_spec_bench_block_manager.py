@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools import bench_block_manager
+from benchmarks import block_manager as bench_block_manager
 
 
 def test_bench_prints_each_operation_at_each_p_with_the_ratio(

@@ -12,19 +12,25 @@ import pytest
 from vectors_fixtures import EXAMPLES, SEED, Exported, exported, manifests
 
 from conformance.cli import main
-from conformance.discovery import load_backend
-from conformance.numpy_backend import NumpyPagedBackend
-from conformance.plan import SetupError
-from conformance.planted import PLANTED
-from conformance.runner import run_suite
-from conformance.vectors_check import check_vectors
-from conformance.vectors_export import export_vectors
-from conformance.vectors_format import VectorError, load_array, save_array
+from conformance.errors import SetupError
+from conformance.lockstep.numpy_backend import NumpyPagedBackend
+from conformance.planted.backends import PLANTED
+from conformance.run.discovery import load_backend
+from conformance.run.runner import run_suite
+from conformance.vectors.check import check_vectors
+from conformance.vectors.export import export_vectors
+from conformance.vectors.format import VectorError, load_array, save_array
 from spec.backend import Capabilities, ReferenceBackend
 
 __all__ = ["exported"]  # the session fixture, imported for pytest
 
-SCHEMA = Path(__file__).resolve().parent.parent / "conformance" / "schema" / "vectors.schema.json"
+SCHEMA = (
+    Path(__file__).resolve().parent.parent
+    / "conformance"
+    / "vectors"
+    / "schema"
+    / "vectors.schema.json"
+)
 
 
 def test_the_export_covers_every_pass(exported: Exported) -> None:
@@ -105,7 +111,7 @@ def test_a_failure_reports_like_run(
     exported: Exported, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report, junit = tmp_path / "r.json", tmp_path / "r.xml"
-    ref = "conformance.planted:SlotOffByOne"
+    ref = "conformance.planted.backends:SlotOffByOne"
     argv = ["vectors", "check", str(exported.out), "--backend", ref]
     assert main([*argv, "--report", str(report), "--junit", str(junit)]) == 1
     out = capsys.readouterr().out

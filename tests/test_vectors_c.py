@@ -1,4 +1,4 @@
-"""The C reader (conformance/reader_c/) builds with the system compiler and passes the vectors.
+"""The C reader (conformance/vectors/reader_c/) builds with the system compiler; passes the vectors.
 
 It proves that the format stands without Python: a C99 program with a JSON parser
 of its own, libc and libm replays every vector with a naive paged-attention loop.
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from vectors_fixtures import Exported, exported, manifests
 
-from conformance.vectors_format import load_array, save_array
+from conformance.vectors.format import load_array, save_array
 
 __all__ = ["exported"]
 
-SOURCES = Path(__file__).resolve().parent.parent / "conformance" / "reader_c"
+SOURCES = Path(__file__).resolve().parent.parent / "conformance" / "vectors" / "reader_c"
 COMPILER = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
 needs_compiler = pytest.mark.skipif(
     COMPILER is None, reason="no C compiler (cc, gcc or clang) on PATH: apt-get install gcc"

@@ -1,4 +1,4 @@
-"""Scripted workloads for the planted variant and fp8 bugs (:mod:`conformance.planted_variants`).
+"""Scripted workloads for the planted variant and fp8 bugs (:mod:`conformance.planted.variants`).
 
 ``test_conformance_lockstep.py`` runs each on the correct backends (it must
 pass) and on its planted bug (it must be caught, as one of the listed kinds).
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from conformance.lockstep import Lockstep
-from conformance.variants import fp8_scales
-from conformance.workload import WorkloadConfig, geometry_for, scale_for
+from conformance.lockstep.driver import Lockstep
+from conformance.lockstep.variants import fp8_scales
+from conformance.lockstep.workload import WorkloadConfig, geometry_for, scale_for
 from spec.attention import PLAIN, AttentionVariant
 
 HEADS = 4  # two KV heads, two query heads each

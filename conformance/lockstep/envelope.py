@@ -1,0 +1,161 @@
+"""The workload envelope: the shapes, batch widths and context lengths the suite may draw.
+
+Production kernels run head dims 64, 128, 80, 96, 112 and 256, block sizes of
+16, 32 or 64 (and odd ones such as 48, from hybrid models' page alignment),
+grouped-query ratios up to 8 (3, 5 and 7 included), batches of tens to
+hundreds of sequences and pools whose element offsets pass 2^31. The
+envelope is all of that plus the small shapes that failures shrink to. A
+backend's declared :class:`~spec.backend.Capabilities` are intersected with
+it (:mod:`conformance.lockstep.plan`).
+
+There are two envelopes, chosen by ``capabilities.device``:
+
+* **cpu** (the Triton interpreter, numpy and torch backends on a host): every
+  head dim, block size and GQA ratio of the envelope, 1 to 3 KV heads, at
+  most 3 KV heads x layers in a short example, 2 in wide, large-pool and
+  production examples and one KV head in long ones (each KV head of each
+  layer costs an interpreted program per sequence and query tile: a quick
+  run stays near two minutes), wide batches of 16 to 32 sequences,
+  long prompts of 300 to 1100 tokens, and two production shapes run in full:
+  head dim 128 with 8 query heads on 2 KV heads and blocks of 16, and head
+  dim 96 with a GQA ratio of 3 and blocks of 48;
+* **device** (anything else, "cuda:0" say): every shape, 1 to 8 KV heads and
+  1 to 4 layers without a cost bound, wide batches of 64 to 256 sequences,
+  long prompts of 2048 to 32768 tokens, and production shapes of head dim
+  128 with 32 query heads on 8 KV heads.
+
+Each tuple is in shrinking order: its first value is where a failing example
+shrinks to (block size 4 rather than 1: the smallest block in which a
+partial block differs from a full one).
+
+>>> envelope_for("cpu").wide_seqs, envelope_for("cuda:0").wide_seqs
+((16, 24, 32), (64, 128, 256))
+>>> [s.describe() for s in envelope_for("cpu").production]
+['head dim 128, 8/2 heads, block size 16', 'head dim 96, 6/2 heads, block size 48']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conformance.lockstep.workload import LONG_CONTEXT_SLOTS, LONG_PROMPTS
+
+HEAD_DIMS = (8, 16, 32, 64, 128, 80, 96, 112, 256)
+"""Small head dims for shrinking, then the production ones."""
+BLOCK_SIZES = (4, 1, 3, 8, 16, 32, 48, 64)
+KV_HEADS = (1, 2, 3, 4, 5, 6, 7, 8)
+GQA_RATIOS = (1, 2, 3, 4, 5, 6, 7, 8)
+LAYERS = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One production shape: head dim, KV heads, query heads per KV head, block size."""
+
+    head_dim: int
+    num_kv_heads: int
+    gqa_ratio: int
+    block_size: int
+
+    def describe(self) -> str:
+        heads = self.num_kv_heads * self.gqa_ratio
+        return (
+            f"head dim {self.head_dim}, {heads}/{self.num_kv_heads} heads, "
+            f"block size {self.block_size}"
+        )
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What the suite may draw on one kind of device (before the backend's capabilities)."""
+
+    device: str  # "cpu" or "device"
+    head_dims: tuple[int, ...]
+    block_sizes: tuple[int, ...]
+    kv_heads: tuple[int, ...]
+    gqa_ratios: tuple[int, ...]
+    layers: tuple[int, ...]
+    max_kv_heads_x_layers: int | None  # cost bound of a short example (None: unbounded)
+    short_seqs: int  # live sequences at most in a short example
+    wide_seqs: tuple[int, ...]  # live sequences of a wide example (the first is the shrink target)
+    wide_kv_heads_x_layers: int | None  # the bound of the other passes' examples
+    long_kv_heads: int | None  # KV heads of a long example at most (None: as wide ones)
+    long_prompts: tuple[int, int]  # shortest and longest long prompt
+    long_lengths: tuple[int, ...]  # long prompt lengths drawn often: just past switch points
+    long_chunks: tuple[int, ...]  # prefill chunk sizes of a long prompt
+    long_pool_tokens: int  # pool of a long-context example, in tokens
+    production: tuple[Shape, ...]  # shapes run in full, one pass each
+
+    def bound(self, kind: str) -> int | None:
+        """The cost bound (KV heads x layers) of one kind of example, ``None`` for none."""
+        if kind == "short":
+            return self.max_kv_heads_x_layers
+        if kind == "long" and self.long_kv_heads is not None:
+            return self.long_kv_heads
+        return self.wide_kv_heads_x_layers
+
+    def kv_heads_for(self, kind: str, declared: tuple[int, ...]) -> tuple[int, ...]:
+        """The KV head counts an example of ``kind`` may draw (the smallest if none fits).
+
+        >>> envelope_for("cpu").kv_heads_for("wide", (1, 2, 3, 4))
+        (1, 2)
+        """
+        bound = self.bound(kind)
+        return tuple(k for k in declared if bound is None or k <= bound) or declared[:1]
+
+    def layers_for(self, kind: str, num_kv_heads: int) -> tuple[int, ...]:
+        """The layer counts an example with ``num_kv_heads`` may have under the cost bound.
+
+        >>> envelope_for("cpu").layers_for("short", 3), envelope_for("cpu").layers_for("wide", 2)
+        ((1,), (1,))
+        """
+        if kind in ("long", "large pool", "production"):
+            return self.layers[:1]  # long prompts, large pools and full shapes cost per layer
+        bound = self.bound(kind)
+        if bound is None:
+            return self.layers
+        return tuple(n for n in self.layers if n * num_kv_heads <= bound) or self.layers[:1]
+
+
+CPU = Envelope(
+    device="cpu",
+    head_dims=HEAD_DIMS,
+    block_sizes=BLOCK_SIZES,
+    kv_heads=KV_HEADS[:3],
+    gqa_ratios=GQA_RATIOS,
+    layers=LAYERS,
+    max_kv_heads_x_layers=3,
+    short_seqs=4,
+    wide_seqs=(16, 24, 32),
+    wide_kv_heads_x_layers=2,
+    long_kv_heads=1,
+    long_prompts=LONG_PROMPTS,
+    long_lengths=(300, 1100, 1025, 513),
+    long_chunks=(256, 128, 512, 1024),
+    long_pool_tokens=LONG_CONTEXT_SLOTS,
+    production=(Shape(128, 2, 4, 16), Shape(96, 2, 3, 48)),
+)
+
+DEVICE = Envelope(
+    device="device",
+    head_dims=HEAD_DIMS,
+    block_sizes=BLOCK_SIZES,
+    kv_heads=KV_HEADS,
+    gqa_ratios=GQA_RATIOS,
+    layers=LAYERS,
+    max_kv_heads_x_layers=None,
+    short_seqs=8,
+    wide_seqs=(64, 128, 256),
+    wide_kv_heads_x_layers=None,
+    long_kv_heads=None,
+    long_prompts=(2048, 32768),
+    long_lengths=(2048, 32768, 16385, 8193, 4097),
+    long_chunks=(2048, 1024, 4096, 8192),
+    long_pool_tokens=65536 + 4096,
+    production=(Shape(128, 8, 4, 16), Shape(96, 8, 3, 48)),
+)
+
+
+def envelope_for(device: str) -> Envelope:
+    """The envelope for a backend on ``device`` (``capabilities.device``)."""
+    return CPU if device == "cpu" else DEVICE

@@ -1,0 +1,610 @@
+"""The Hypothesis state machine that drives a :class:`~conformance.lockstep.driver.Lockstep`.
+
+Each example draws a workload configuration, then a random program of rules:
+add sequences (prompt lengths 1, B-1, B, B+1, 2B+1, and prompts that share an
+earlier prompt's prefix, so the prefix cache hits), run steps (whole or
+chunked prefills, decodes, any subset of the live sequences), fork (so the
+next write into a shared block copies it), free (so blocks are reused), and
+ask for more blocks than are left (so allocation fails and must change
+nothing). Some rules reach rare states on purpose: a prefix-cache eviction
+followed by the prompt that would have hit the evicted block, forks of forks
+that then all write, and a free in the middle of a chain of forks.
+
+What an example starts with depends on its pass (:data:`conformance.lockstep.plan.PASSES`):
+
+* **long**: a prompt of hundreds to thousands of tokens prefilled in large
+  chunks, then decoded, so sequences pass the 64-key tiles and the
+  256/512/1024-key switch points of a kernel;
+* **wide** and **production**: 16 to 32 sequences (64 to 256 on a device)
+  prefilled together, then a step that mixes a decode of every one of them
+  with several new prompts' prefill chunks;
+* **large pool**: a prompt placed in the blocks past 2^31 elements;
+* **groups**: layers in two KV cache groups (:mod:`conformance.lockstep.groups`), memory
+  through the spec's :class:`~spec.cache_manager.CacheManager`, and a prompt
+  of a window and a block more, prefilled then decoded, so that the
+  windowed group releases blocks from the first decode on, then forked and
+  decoded; later rules fork it, hit its prefix and resend whole prompts;
+* **short**: one sequence, not yet run.
+
+Steps respect the backend's capabilities: prefill chunks no longer than
+``max_query_len`` (when it is above 1), whole prompts when ``chunked_prefill``
+is false, no sequence grown past ``max_context_len``; the lockstep splits or
+skips, and reports, whatever attention a step still holds that the backend
+cannot run. The lockstep compares both sides after every step and at the end
+of the example; Hypothesis then shrinks a failing program to a minimal one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from conformance.bounds.checker import BoundsChecker
+from conformance.judges.coverage import Coverage
+from conformance.judges.numerics import Margins
+from conformance.lockstep.driver import ConformanceFailure, Lockstep
+from conformance.lockstep.envelope import Envelope
+from conformance.lockstep.groups import group_label
+from conformance.lockstep.plan import Plan
+from conformance.lockstep.variants import label
+from conformance.lockstep.workload import WorkloadConfig
+from spec.backend import Backend
+
+VOCAB = 64
+_SEED = st.integers(0, 2**16)
+_PICK = st.integers(0, 63)
+_SUBSET = st.integers(0, 2**64 - 1)
+"""A subset of the live sequences, as bits (0: all of them)."""
+MAX_LONG_PROMPTS = 2
+"""Long prompts per workload at most: each costs seconds on an interpreted kernel."""
+_JOINERS = 3
+"""New prompts that join a wide example's first full step of decodes."""
+
+
+@dataclass
+class RunStats:
+    """What a run exercised: examples, steps, rules applied, checks made, skips, coverage."""
+
+    examples: int = 0
+    steps: int = 0
+    rules: Counter[str] = field(default_factory=Counter)
+    checks: Counter[str] = field(default_factory=Counter)
+    configs: Counter[str] = field(default_factory=Counter)
+    skips: Counter[str] = field(default_factory=Counter)  # attention the backend cannot run
+    coverage: Coverage = field(default_factory=Coverage)
+    margins: Margins = field(default_factory=Margins)  # how close the outputs came to failing
+    longest: int = 0  # the most tokens any sequence held when a step ran
+    first_failure_example: int | None = None  # examples run when the first failure appeared
+
+    def note_failure(self) -> None:
+        if self.first_failure_example is None:
+            self.first_failure_example = self.examples
+
+
+def _tokens(seed: int, length: int, offset: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [offset + int(t) for t in rng.integers(0, VOCAB, length)]
+
+
+@dataclass(frozen=True)
+class LongPrompt:
+    """A long prompt: its length, prefill chunk, decodes after, and whether chunks batch decodes.
+
+    With ``with_decodes``, each chunk shares its step with one decode of every
+    finished sequence (a mixed batch), as a continuous-batching engine runs them.
+    """
+
+    length: int
+    chunk: int
+    with_decodes: bool
+    decodes: int
+    seed: int
+    token: int
+
+
+def long_prompts(env: Envelope) -> st.SearchStrategy[LongPrompt]:
+    """Long prompts of the envelope: often just past a switch point or at the limit."""
+    lengths = st.one_of(st.sampled_from(env.long_lengths), st.integers(*env.long_prompts))
+    return st.builds(
+        LongPrompt,
+        lengths,
+        st.sampled_from(env.long_chunks),
+        st.booleans(),
+        st.integers(1, 3),
+        _SEED,
+        _PICK,
+    )
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """Random workloads against the spec and one backend, compared after every step."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        plan: Plan,
+        stats: RunStats,
+        on_example: Callable[[], None],
+        bounds: BoundsChecker | None = None,
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.bounds = bounds  # the run's bounds checker, shared by its examples
+        self.plan = plan
+        self.stats = stats
+        self.on_example = on_example
+        self.lockstep: Lockstep | None = None
+        self.pending: dict[int, list[int]] = {}  # live sequence -> prompt tokens still to run
+        self.prompts: list[list[int]] = []
+        self.computed: list[list[int]] = []  # prompts whose prefill has completed
+        self.parent_of: dict[int, int] = {}  # forks: child -> parent
+        self.next_id = 0
+        self.long_prompts = 0
+        stats.examples += 1
+
+    @property
+    def ls(self) -> Lockstep:
+        assert self.lockstep is not None, "the initialize rule runs first"
+        return self.lockstep
+
+    @property
+    def block_size(self) -> int:
+        return self.ls.config.geometry.block_size
+
+    def _count(self, name: str) -> None:
+        self.stats.rules[name] += 1
+
+    def _room(self, more: int = 1) -> bool:
+        return len(self.pending) + more <= self.plan.max_live
+
+    # -- rules ------------------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def start(self, data: st.DataObject) -> None:
+        config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
+        self.stats.configs[_shape(config, self.plan.kind)] += 1
+        try:
+            self.lockstep = Lockstep(
+                self.backend,
+                config,
+                self.stats.checks,
+                skips=self.stats.skips,
+                coverage=self.stats.coverage,
+                margins=self.stats.margins,
+                bounds=self.bounds,
+            )
+        except ConformanceFailure:
+            self.stats.note_failure()
+            raise
+        if self.plan.long_context:  # every long-context workload starts with a long prompt
+            self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
+        elif self.plan.wide:
+            self._start_wide(data)
+        elif self.plan.kind == "groups":
+            self._start_groups(data)
+        elif self.plan.kind == "large pool":
+            b = self.block_size
+            self._count("add (a prompt in the blocks past 2^31 elements)")
+            prompt = _tokens(data.draw(_SEED, label="seed"), 2 * b + 1)
+            seq_id = self.next_id
+            self._start(prompt)
+            self._run([(seq_id, prompt)])
+        else:  # a first sequence, so that every rule can run from the first step on
+            self.add(data.draw(st.integers(0, 5), label="length"), data.draw(_SEED), False, 0)
+
+    def _start_wide(self, data: st.DataObject) -> None:
+        """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
+        width = data.draw(st.sampled_from(self.plan.widths), label="width")
+        kinds = data.draw(st.lists(st.integers(0, 5), min_size=width, max_size=width))
+        seed = data.draw(_SEED, label="seed")
+        for j, kind in enumerate(kinds):
+            self._start(_tokens(seed + j, self._prompt_length(kind)))
+        for _ in range(4):  # prompts are at most 2B + 1 tokens: three chunks of B
+            if not any(self.pending.values()):
+                break
+            self.step_all(seed % VOCAB)
+        joiners = []
+        for j in range(_JOINERS):
+            joiners.append(self.next_id)
+            self._start(_tokens(seed + width + j, self.block_size + 1))
+        self._count(f"wide step: {width} decodes with {_JOINERS} new prompts' prefill chunks")
+        decodes = [
+            (s, [(seed + 7 * s) % VOCAB]) for s, todo in sorted(self.pending.items()) if not todo
+        ]
+        self._run(decodes + [(s, self.pending[s]) for s in joiners])
+
+    def _start_groups(self, data: st.DataObject) -> None:
+        """A prompt past the window, prefilled in chunks (or whole), two decodes, then a fork
+        of it and a decode of both (the window has released blocks by then)."""
+        b = self.block_size
+        window = max((w for w in self.ls.config.group_windows if w is not None), default=b)
+        seq_id = self.next_id
+        self._start(_tokens(data.draw(_SEED, label="seed"), self._fit_length(window + b + 1)))
+        chunk = self._chunk_limit(data.draw(st.sampled_from((b, None)), label="chunk"))
+        self._count("add (a prompt of a window and a block more)")
+        while self.pending.get(seq_id):
+            if not self._run([(seq_id, self.pending[seq_id][:chunk])]):
+                break  # the pool ran out: the sequence stays pending for later steps
+        for token in range(2):
+            if any(not rest for rest in self.pending.values()):
+                self.decode(token)
+        if self.plan.copy_on_write and seq_id in self._forkable():
+            self._fork(seq_id)  # sharing what the window left; both then write their last block
+            self._count("fork (of a sequence whose window released blocks)")
+            self.decode(2)
+
+    @rule(length=st.integers(0, 5), seed=_SEED, then_step=st.booleans(), token=_PICK)
+    def add(self, length: int, seed: int, then_step: bool, token: int) -> None:
+        """A new sequence; with ``then_step``, a step of every live sequence follows."""
+        self._make_room(1)
+        self._count(f"add (prompt length {('1', 'B-1', 'B', 'B+1', '2B+1', '5')[length]})")
+        self._start(_tokens(seed, self._prompt_length(length)))
+        if then_step:
+            self.step_all(token)
+
+    @precondition(lambda self: bool(self.prompts))
+    @rule(
+        which=_PICK,
+        blocks=st.integers(1, 3),
+        tail=st.integers(1, 3),
+        seed=_SEED,
+        then_step=st.booleans(),
+        token=_PICK,
+    )
+    def add_shared_prefix(
+        self, which: int, blocks: int, tail: int, seed: int, then_step: bool, token: int
+    ) -> None:
+        """A prompt that repeats an earlier one's first blocks (computed ones preferred)."""
+        self._make_room(1)
+        pool = self.computed or self.prompts
+        earlier = pool[which % len(pool)]
+        prompt = earlier[: blocks * self.block_size] + _tokens(seed, tail)
+        self._count("add (sharing an earlier prompt's prefix)")
+        self._start(self._fit_prompt(prompt))
+        if then_step:
+            self.step_all(token)
+
+    def _add_long(self, long: LongPrompt) -> None:
+        n = min(long.length, self._long_room())
+        if n < 1:
+            return
+        self.long_prompts += 1
+        lo, hi = self.plan.envelope.long_prompts
+        self._count(f"add (long prompt, {lo}..{hi} tokens)")
+        seq_id = self.next_id
+        self._start(_tokens(long.seed, n))
+        chunk = self._chunk_limit(long.chunk)
+        while self.pending.get(seq_id):
+            todo = self.pending[seq_id]
+            done = [s for s, rest in sorted(self.pending.items()) if not rest]
+            token = long.token
+            decoding = [(s, [(token + 7 * s) % VOCAB]) for s in done] if long.with_decodes else []
+            if not self._run([(seq_id, todo[:chunk]), *decoding]):
+                break  # the pool ran out: the sequence stays pending for later steps
+        for i in range(long.decodes):
+            if any(not rest for rest in self.pending.values()):
+                self.decode((long.token + i) % VOCAB)
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(subset=_SUBSET, chunk=st.integers(0, 4), token=_PICK)
+    def step(self, subset: int, chunk: int, token: int) -> None:
+        live = sorted(self.pending)
+        chosen = [s for i, s in enumerate(live) if subset >> (i % 64) & 1] or live
+        b = self.block_size
+        limit = self._chunk_limit((None, 1, max(1, b - 1), b, b + 1)[chunk])
+        schedule = []
+        for seq_id in chosen:
+            todo = self.pending[seq_id]
+            new = todo[:limit] if todo else [(token + 7 * seq_id) % VOCAB]
+            schedule.append((seq_id, new))
+        self._run(schedule)
+
+    @precondition(lambda self: any(not todo for todo in self.pending.values()))
+    @rule(token=_PICK)
+    def decode(self, token: int) -> None:
+        """One new token for every sequence whose prompt is done."""
+        done = [s for s, todo in sorted(self.pending.items()) if not todo]
+        self._run([(s, [(token + 7 * s) % VOCAB]) for s in done])
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(token=_PICK)
+    def step_all(self, token: int) -> None:
+        """Every live sequence at once: a chunk of at most B prompt tokens, or a decode."""
+        limit = self._chunk_limit(self.block_size)
+        schedule = [
+            (s, todo[:limit] if todo else [(token + 7 * s) % VOCAB])
+            for s, todo in sorted(self.pending.items())
+        ]
+        self._run(schedule)
+
+    @precondition(lambda self: self.plan.copy_on_write and bool(self._forkable()))
+    @rule(which=_PICK, write=st.booleans(), token=_PICK)
+    def fork(self, which: int, write: bool, token: int) -> None:
+        """Share a sequence's blocks with a new child; with ``write``, both decode at once."""
+        parents = self._forkable()
+        self._make_room(1, keep=parents[which % len(parents)])
+        parents = self._forkable()
+        parent = parents[which % len(parents)]
+        child = self._fork(parent)
+        self._count("fork")
+        if write:
+            self._run([(child, [token]), (parent, [(token + 1) % VOCAB])])
+
+    @precondition(lambda self: len(self.pending) >= 2 or (bool(self.pending) and self._half_full()))
+    @rule(which=_PICK)
+    def free(self, which: int) -> None:
+        live = sorted(self.pending)
+        self._free(live[which % len(live)])
+        self._count("free")
+
+    @precondition(lambda self: self._half_full())
+    @rule(seed=_SEED)
+    def allocation_failure(self, seed: int) -> None:
+        """A prompt one block larger than what is left: the step must leave it out."""
+        self._make_room(1)
+        m = self.ls.manager
+        prompt = _tokens(seed, (m.pool.num_available + 1) * self.block_size, offset=VOCAB)
+        seq_id = self._new_id()
+        self.ls.add(seq_id, prompt)
+        ran = self.ls.step([(seq_id, prompt)])
+        assert not ran, "internal error: an allocation larger than the pool succeeded"
+        self.ls.free(seq_id)
+        self._count("allocation failure (prompt larger than the free pool)")
+
+    @precondition(lambda self: bool(self._rare_states()))
+    @rule(kind=st.integers(0, 3), data=st.data())
+    def rare(self, kind: int, data: st.DataObject) -> None:
+        """One of the states random programs seldom reach, chosen among those reachable now.
+
+        A long prompt (long-context examples), a prefix-cache eviction then the
+        prompt that would have hit the evicted block, forks of forks, or a free
+        in the middle of a chain of forks. One rule for all, so that the rules
+        Hypothesis draws are mostly enabled.
+        """
+        states = self._rare_states()
+        name = states[kind % len(states)]
+        if name == "long":
+            self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
+        elif name == "evict":
+            self._evict_then_reprompt(data.draw(_PICK), data.draw(_SEED), data.draw(_PICK))
+        elif name == "resend":
+            self._resend(data.draw(_PICK), data.draw(_PICK))
+        elif name == "fork chain":
+            self._fork_chain(data.draw(_PICK), data.draw(st.integers(2, 3)), data.draw(_PICK))
+        else:
+            self._free_middle_of_chain(data.draw(_PICK), data.draw(_PICK))
+
+    def _rare_states(self) -> list[str]:
+        states = []
+        if self._long_room() >= self.plan.envelope.long_prompts[0]:
+            states.append("long")
+        if self._can_evict():
+            states.append("evict")
+        if self.plan.copy_on_write and self._room(3) and self._forkable():
+            states.append("fork chain")
+        if self._chain_middles():
+            states.append("free middle")
+        if self.plan.kind == "groups" and self.computed:
+            states.append("resend")
+        return states
+
+    def _resend(self, which: int, token: int) -> None:
+        """An earlier prompt sent again whole (every group's hits), run, then decoded."""
+        self._make_room(1)
+        seq_id = self.next_id
+        self._start(list(self.computed[which % len(self.computed)]))
+        self._count("add (an earlier prompt resent whole)")
+        self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])])
+        if seq_id in self.pending and not self.pending[seq_id]:
+            self._run([(seq_id, [token])])
+
+    def _fork_chain(self, which: int, depth: int, token: int) -> None:
+        """Forks of forks: a chain of ``depth`` children on one parent's blocks; then all write."""
+        parents = self._forkable()
+        chain = [parents[which % len(parents)]]
+        for _ in range(depth):
+            chain.append(self._fork(chain[-1]))
+        self._count(f"fork of a fork (a chain of {depth})")
+        self._run([(s, [(token + 7 * s) % VOCAB]) for s in chain])
+
+    def _free_middle_of_chain(self, which: int, token: int) -> None:
+        """Free a sequence that is both a fork's child and a fork's parent; the ends then write."""
+        middles = self._chain_middles()
+        middle = middles[which % len(middles)]
+        ends = [self.parent_of[middle]] + [c for c, p in self.parent_of.items() if p == middle]
+        self._free(middle)
+        self._count("free in the middle of a chain of forks")
+        self._run([(s, [(token + 7 * s) % VOCAB]) for s in sorted(set(ends)) if s in self.pending])
+
+    def _evict_then_reprompt(self, which: int, seed: int, token: int) -> None:
+        """Evict every cached block, then send the prompt that would have hit one of them."""
+        m = self.ls.manager
+        cached = [p for p in self.computed if m.cached_prefix(p) > 0]
+        target = cached[which % len(cached)]
+        filler = _tokens(seed, m.pool.num_available * self.block_size, offset=2 * VOCAB)
+        filler_id = self.next_id
+        self._start(filler)
+        self._run([(filler_id, self.pending[filler_id])])
+        if filler_id in self.pending:
+            self._free(filler_id)
+        self._count("prefix-cache eviction, then a prompt that would have hit the evicted block")
+        seq_id = self.next_id
+        self._start(target[: self.block_size] + _tokens(seed + 1, 1 + token % 3))
+        self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])])
+
+    @invariant()
+    def spec_is_consistent(self) -> None:
+        if self.lockstep is not None:
+            self.lockstep.check_integrity()
+            self.stats.checks["spec block-table and pool invariants"] += 1
+
+    def teardown(self) -> None:
+        if self.lockstep is not None:
+            pool = self.lockstep.manager.pool
+            self.stats.rules["prefix-cache evictions (spec pool)"] += pool.num_evictions
+            try:
+                self.lockstep.finish()
+            except ConformanceFailure:
+                self.stats.note_failure()
+                raise
+            finally:
+                self.on_example()
+        else:
+            self.on_example()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def _make_room(self, more: int, keep: int | None = None) -> None:
+        """Free the oldest live sequences (not ``keep``) until ``more`` new ones fit."""
+        while not self._room(more):
+            oldest = min(s for s in self.pending if s != keep)
+            self._free(oldest)
+            self._count("free (the oldest, to make room for a new sequence)")
+
+    def _prompt_length(self, kind: int) -> int:
+        b = self.block_size
+        return self._fit_length((1, max(1, b - 1), b, b + 1, 2 * b + 1, 5)[kind])
+
+    def _fit_length(self, n: int) -> int:
+        limit = self.plan.capabilities.max_context_len
+        return n if limit is None else max(1, min(n, limit - 1))
+
+    def _fit_prompt(self, prompt: list[int]) -> list[int]:
+        return prompt[: self._fit_length(len(prompt))]
+
+    def _chunk_limit(self, limit: int | None) -> int | None:
+        """A prefill chunk size the backend can attend: capped by ``max_query_len`` (when > 1),
+        and whole prompts when it has no chunked prefill."""
+        caps = self.plan.capabilities
+        if not caps.chunked_prefill:
+            return None
+        if caps.max_query_len is not None and caps.max_query_len > 1:
+            return caps.max_query_len if limit is None else min(limit, caps.max_query_len)
+        return limit
+
+    def _start(self, prompt: list[int]) -> None:
+        seq_id = self._new_id()
+        cached = self.ls.add(seq_id, prompt)
+        if cached:
+            self._count("prefix-cache hit")
+        self.pending[seq_id] = prompt[cached:]
+        self.prompts.append(prompt)
+
+    def _fork(self, parent: int) -> int:
+        child = self._new_id()
+        self.ls.fork(parent, child)
+        self.pending[child] = []
+        self.parent_of[child] = parent
+        return child
+
+    def _free(self, seq_id: int) -> None:
+        self.ls.free(seq_id)
+        del self.pending[seq_id]
+
+    def _run(self, schedule: list[tuple[int, list[int]]]) -> bool:
+        """Run one step; True when the first sequence of ``schedule`` ran."""
+        schedule = self._within_context(schedule)
+        if not schedule:
+            return False
+        before = {s: self.ls.manager.num_tokens(s) for s, _ in schedule}
+        try:
+            ran = set(self.ls.step(schedule))
+        except ConformanceFailure:
+            self.stats.note_failure()
+            raise
+        self.stats.steps += 1
+        for seq_id, new in schedule:
+            self._count_step(seq_id, new, before[seq_id], seq_id in ran)
+        if ran:
+            longest = max(self.ls.manager.num_tokens(s) for s in ran)
+            self.stats.longest = max(self.stats.longest, longest)
+        return schedule[0][0] in ran
+
+    def _within_context(self, schedule: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+        """Leave out sequences that would grow past ``max_context_len``."""
+        limit = self.plan.capabilities.max_context_len
+        if limit is None:
+            return schedule
+        kept = [
+            (s, new) for s, new in schedule if self.ls.manager.num_tokens(s) + len(new) <= limit
+        ]
+        for _ in range(len(schedule) - len(kept)):
+            self._count("left out of a step: it would pass max_context_len")
+        return kept
+
+    def _long_room(self) -> int:
+        """Tokens a new long prompt may have: 0 unless long-context and a sequence slot is free."""
+        long_ok = self.plan.long_context and self.long_prompts < MAX_LONG_PROMPTS
+        if not long_ok or not self._room():
+            return 0
+        room = (self.ls.manager.pool.num_available - 1) * self.block_size
+        return self._fit_length(min(room, self.plan.envelope.long_prompts[1]))
+
+    def _half_full(self) -> bool:
+        pool = self.ls.manager.pool
+        return 2 * pool.num_available < pool.num_blocks
+
+    def _forkable(self) -> list[int]:
+        m = self.ls.manager
+        return [s for s in sorted(self.pending) if not self.pending[s] and m.num_tokens(s) > 0]
+
+    def _chain_middles(self) -> list[int]:
+        """Live sequences with a live parent and a live child: the middle of a chain of forks."""
+        live = self.pending
+        parents = {p for c, p in self.parent_of.items() if c in live}
+        return sorted(s for s in parents if s in live and self.parent_of.get(s) in live)
+
+    def _can_evict(self) -> bool:
+        """Short examples with prefix caching, a cached block, and a prompt that would hit it."""
+        if self.plan.kind not in ("short", "large pool") or not self._room(2):
+            return False
+        m = self.ls.manager
+        if not self.ls.config.prefix_caching or m.pool.num_cached == 0:
+            return False
+        return any(m.cached_prefix(p) > 0 for p in self.computed)
+
+    def _count_step(self, seq_id: int, new: list[int], start: int, ran: bool) -> None:
+        if not ran:
+            self._count("allocation failure (sequence left out of a step)")
+        elif self.pending[seq_id]:
+            self.pending[seq_id] = self.pending[seq_id][len(new) :]
+            if not self.pending[seq_id]:
+                self.computed.append(list(self.ls.manager.tokens(seq_id)))
+            kind = "prefill chunk starting mid-sequence" if start else "prefill from position 0"
+            self._count(kind if len(new) > 1 else f"{kind} (1 token)")
+        else:
+            self._count("decode")
+
+
+def _shape(config: WorkloadConfig, kind: str) -> str:
+    g = config.geometry
+    extra = {"short": "", "long": " long-context", "groups": ""}.get(kind, f" {kind}")
+    shape = f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}"
+    return shape + label(config) + group_label(config) + extra  # fp8, variants, groups
+
+
+def timed_progress(
+    stats: RunStats, report: Callable[[str], None] | None, every_s: float = 5.0
+) -> Callable[[], None]:
+    """A callback for the end of each example that reports progress every ``every_s`` seconds."""
+    start = last = time.monotonic()
+
+    def tick() -> None:
+        nonlocal last
+        now = time.monotonic()
+        if report is not None and now - last >= every_s:
+            last = now
+            phase = "" if stats.first_failure_example is None else "shrinking a failure: "
+            report(f"{phase}{stats.examples} examples, {stats.steps} steps, {now - start:.0f} s")
+
+    return tick

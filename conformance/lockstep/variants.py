@@ -1,0 +1,197 @@
+"""What the suite draws for attention variants and quantized KV, from a backend's capabilities.
+
+Each layer of a workload gets its own :class:`~spec.attention.AttentionVariant`
+(hybrid models mix windowed and full layers), drawn only from what the backend
+declares in :attr:`~spec.backend.Capabilities.variants`, with values chosen so
+that every variant changes the output, relative to ``score_spread`` (the
+standard deviation of the scaled scores ``scale * q . k``, 1 or 16 in the suite):
+
+* windows shorter than the context, and in a long-context workload (prompts
+  of 300 to 1100 tokens) several times shorter, so that whole 64-key tiles lie
+  before the window;
+* soft-caps at 0.5 to 2.5 standard deviations, below the largest scores;
+* sinks at 0 to 2 standard deviations, near the largest score, so that a
+  sink takes real weight (most of it in a short context, some in a long one);
+* ALiBi slopes in the standard ratios between heads, the steepest 0.5 or
+  0.125 standard deviations per token, so that distance matters within a few
+  tokens (the standard slopes of the suite's 1 to 8 heads start at 2^-8 to
+  2^-1: too gentle for a flipped sign to show in a short context).
+
+A quantized cache (``kv_dtype``) gets per-layer power-of-two scales at which
+unit-variance K and V saturate beyond 0.875, 1.75 or 3.5. Powers of two make
+every dequantized value exact in every activation dtype, so a kernel may
+dequantize into float16 or bfloat16 without rounding and the output tolerance
+stays the dtype's own.
+
+About half the layers are plain and half the caches unquantized, so that
+the bugs of plain attention keep their share of the examples. Everything
+shrinks towards plain attention and an unquantized cache.
+
+>>> from hypothesis import find
+>>> from spec.backend import Capabilities
+>>> caps = Capabilities("x", variants={"window", "sinks"})
+>>> draws = layer_variants(caps, num_layers=2, num_heads=4, long_context=False)
+>>> [v.is_plain for v in find(draws, lambda v: True)]
+[True, True]
+>>> find(layer_variants(caps, 1, 2, False, score_spread=16.0), lambda v: v[0].sinks is not None)
+(AttentionVariant(window=None, softcap=None, sinks=(8.0, 16.0), alibi_slopes=None),)
+>>> fp8_scales("fp8_e4m3", 1.75), fp8_scales("fp8_e5m2", 1.75)   # 448 * 2**-8, 57344 * 2**-15
+((0.00390625, 0.00390625), (3.0517578125e-05, 3.0517578125e-05))
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+
+from conformance.lockstep.workload import WorkloadConfig
+from spec.attention import PLAIN, VARIANTS, AttentionVariant, alibi_slopes
+from spec.backend import Capabilities, KVGeometry
+from spec.quant import FP8_FORMATS
+
+WINDOWS = (3, 1, 8, 16, 5)
+"""Windows for short workloads (contexts up to about 50): around block boundaries."""
+LONG_WINDOWS = (64, 100, 256)
+"""Windows for long-context workloads (300..1100 tokens): whole key tiles fall outside them."""
+SOFTCAPS = (1.0, 2.5, 0.5)
+"""Caps, in standard deviations of the scores: below the largest score of any context."""
+SINK_LEVELS = (1.0, 0.0, 2.0)
+"""Sink logits, in standard deviations of the scores (per head, plus or minus half of one)."""
+ALIBI_STEEPEST = (0.5, 0.125)
+"""The first head's slope, in standard deviations of the scores per token of distance."""
+FP8_SATURATION = (1.75, 0.875, 3.5)
+"""Where unit-variance K and V saturate: the scale is this over the format's largest value."""
+
+
+def fp8_scales(kv_dtype: str, saturates_at: float) -> tuple[float, float]:
+    """``(k_scale, v_scale)`` at which values beyond ``saturates_at`` saturate (a power of two
+    when ``saturates_at`` is 1.75 times one, as every value of :data:`FP8_SATURATION` is)."""
+    scale = saturates_at / FP8_FORMATS[kv_dtype].max_finite
+    return scale, scale
+
+
+def _variant(
+    caps: Capabilities, num_heads: int, long_context: bool, spread: float
+) -> st.SearchStrategy[AttentionVariant]:
+    declared = caps.variants
+    if not declared:
+        return st.just(PLAIN)
+
+    def maybe(name: str, values: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+        return st.one_of(st.none(), values) if name in declared else st.none()
+
+    windows = LONG_WINDOWS if long_context else WINDOWS
+    sinks = st.builds(
+        lambda level: tuple(spread * (level + 0.5 * (h % 3 - 1)) for h in range(num_heads)),
+        st.sampled_from(SINK_LEVELS),
+    )
+    standard = alibi_slopes(num_heads)
+    slopes = st.builds(
+        lambda top: tuple(top * spread * s / standard[0] for s in standard),
+        st.sampled_from(ALIBI_STEEPEST),
+    )
+    varied = st.builds(
+        _combine,
+        maybe("window", st.sampled_from(windows)),
+        maybe("softcap", st.sampled_from(SOFTCAPS).map(lambda c: c * spread)),
+        maybe("sinks", sinks),
+        maybe("alibi", slopes),
+        st.booleans(),
+    )
+    return st.one_of(st.just(PLAIN), varied)
+
+
+def _combine(
+    window: object, softcap: object, sinks: object, slopes: object, keep_sinks: bool
+) -> AttentionVariant:
+    # ALiBi with sinks is used by no known model and depends on the bias convention (a per-row
+    # constant offset changes nothing without a sink): the suite does not combine them, and
+    # when both are drawn keeps one of the two, each as often.
+    if slopes is not None and sinks is not None:
+        sinks, slopes = (sinks, None) if keep_sinks else (None, slopes)
+    return AttentionVariant(window, softcap, sinks, slopes)  # type: ignore[arg-type]
+
+
+def layer_variants(
+    caps: Capabilities,
+    num_layers: int,
+    num_heads: int,
+    long_context: bool,
+    score_spread: float = 1.0,
+) -> st.SearchStrategy[tuple[AttentionVariant, ...]]:
+    """One variant per layer, from the declared variants (all plain when none is declared)."""
+    one = _variant(caps, num_heads, long_context, score_spread)
+    return st.tuples(*(one for _ in range(num_layers)))
+
+
+_Quantization = tuple[str | None, tuple[tuple[float, float], ...]]
+
+
+def kv_quantization(caps: Capabilities, num_layers: int) -> st.SearchStrategy[_Quantization]:
+    """``(kv_dtype, kv_scales)``: unquantized, or a declared fp8 dtype with per-layer scales."""
+    if not caps.kv_dtypes:
+        return st.just((None, ()))
+
+    def quantized(kv_dtype: str, levels: tuple[float, ...]) -> _Quantization:
+        return kv_dtype, tuple(fp8_scales(kv_dtype, x) for x in levels)
+
+    levels = st.tuples(*(st.sampled_from(FP8_SATURATION) for _ in range(num_layers)))
+    fp8 = st.builds(quantized, st.sampled_from(sorted(caps.kv_dtypes)), levels)
+    return st.one_of(st.just((None, ())), fp8)
+
+
+def describe(variant: AttentionVariant) -> str:
+    """A short name for a layer's variant, as reports print it.
+
+    >>> describe(AttentionVariant(window=8, softcap=2.5, sinks=(1.0, 2.0)))
+    'attention with window 8, softcap 2.5, sinks (1, 2)'
+    >>> describe(PLAIN)
+    'plain attention'
+    """
+    parts = []
+    if variant.window is not None:
+        parts.append(f"window {variant.window}")
+    if variant.softcap is not None:
+        parts.append(f"softcap {variant.softcap:g}")
+    for name, values in (("sinks", variant.sinks), ("ALiBi slopes", variant.alibi_slopes)):
+        if values is not None:
+            shown = ", ".join(f"{x:.4g}" for x in values[:4]) + (", ..." if len(values) > 4 else "")
+            parts.append(f"{name} ({shown})")
+    return "attention with " + ", ".join(parts) if parts else "plain attention"
+
+
+def label(config: WorkloadConfig) -> str:
+    """What a workload's shape line adds: its fp8 dtype and each layer's variants, if any.
+
+    >>> from spec.backend import KVGeometry
+    >>> g = KVGeometry(2, 4, 2, 1, 8, kv_dtype="fp8_e5m2", kv_scales=((1.0, 1.0),) * 2)
+    >>> label(WorkloadConfig(g, 2, 0.3, 0, variants=(AttentionVariant(4, 2.0), PLAIN)))
+    ' fp8_e5m2 window+softcap/plain'
+    """
+    parts = [config.geometry.kv_dtype] if config.geometry.kv_dtype else []
+    if config.variants:
+        names = (
+            "+".join(n for n in VARIANTS if n in v.features) or "plain" for v in config.variants
+        )
+        parts.append("/".join(names))
+    return "".join(" " + p for p in parts)
+
+
+def describe_kv(geometry: KVGeometry, layer: int | None = None) -> str:
+    """The cache dtype, with the layer's fp8 scales when quantized.
+
+    >>> describe_kv(KVGeometry(1, 4, 2, 1, 8, "float16", "fp8_e4m3", ((2**-8, 2**-7),)), 0)
+    'KV fp8_e4m3 (k_scale 2^-8, v_scale 2^-7)'
+    """
+    if geometry.kv_dtype is None:
+        return f"KV {geometry.dtype}"
+    if layer is None:
+        return f"KV {geometry.kv_dtype}"
+    k, v = geometry.kv_scales[layer]
+    return f"KV {geometry.kv_dtype} (k_scale {_pow2(k)}, v_scale {_pow2(v)})"
+
+
+def _pow2(x: float) -> str:
+    mantissa, exponent = math.frexp(x)
+    return f"2^{exponent - 1}" if mantissa == 0.5 else f"{x:.6g}"

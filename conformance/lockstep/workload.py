@@ -1,0 +1,295 @@
+"""The data of a workload: its geometry, and every tensor, derived from seeds.
+
+No tensor is drawn element by element. A token's K and V depend only on the
+workload seed, the layer, and the token ids of its sequence *up to and
+including that token* (a chained digest), never on where it is stored. So a
+prefix-cache hit must find exactly the K and V that were written for the same
+prefix, and a hit that returns evicted or foreign content shows up as a
+difference. Queries depend on the seed, the step and the layer.
+
+Every value is rounded to the cache dtype before either side sees it, so that
+KV written by the backend and by the spec can be compared exactly.
+
+>>> config = WorkloadConfig(KVGeometry(1, 4, 2, 1, 8, "float16"), num_heads=2, scale=0.5, seed=7)
+>>> truth = TokenKV(config)
+>>> k1, _ = truth.rows([5, 9], layer=0)
+>>> k2, _ = truth.rows([5, 9, 3], layer=0)
+>>> bool((k1 == k2[:2]).all())                 # the same prefix gives the same K
+True
+>>> k3, _ = truth.rows([6, 9], layer=0)
+>>> bool((k3[1] == k1[1]).any())                # token 9 after another prefix: other K
+False
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from conformance.judges.dtypes import F64, round_to
+from spec.attention import PLAIN, AttentionVariant
+from spec.backend import KVGeometry
+from spec.kv_groups import FULL_ATTENTION, KVCacheGroup, sliding_window
+
+POOL_BLOCKS = {1: 40, 3: 16, 4: 14, 16: 6}
+"""Pool size per block size: small, so that allocations fail and blocks are reused.
+
+Other block sizes get about 96 tokens, and at least 5 blocks (room for a
+prompt of ``2B + 1`` tokens and some growth)."""
+LONG_CONTEXT_SLOTS = 2048
+"""Pool size, in tokens, of a long-context workload: room for one longest prompt and more."""
+LONG_PROMPTS = (300, 1100)
+"""Shortest and longest long prompt: past the 64-key tiles and the 256/512/1024 switch points."""
+LARGE_LOGIT_GAIN = 16.0
+"""A scale of ``16 / sqrt(D)`` gives scores of spread about 16: exp overflows fp16 past 11."""
+PAD_VALUE = 1000.0
+"""Magnitude of padding rows (rows whose slot is -1): visible if anyone stores them."""
+
+INT32_ELEMENTS = 2**31
+"""Element offsets at or past this overflow a signed 32-bit integer."""
+
+_Q, _BACKGROUND, _PAD, _GUARD = 1, 2, 3, 4  # stream tags: no two uses share a random stream
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Everything fixed for one workload: geometry, query heads, scale, seed, and the options."""
+
+    geometry: KVGeometry
+    num_heads: int
+    scale: float
+    seed: int
+    prefix_caching: bool = False
+    long_context: bool = False  # a large pool, and long prompts prefilled in large chunks
+    variants: tuple[AttentionVariant, ...] = ()  # per layer; () means plain attention everywhere
+    block_base: int = 0  # the backend sees spec block b as block_base + b (a large pool)
+    group_windows: tuple[int | None, ...] = ()  # per KV cache group: None full, w a window
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.geometry.num_kv_heads:
+            raise ValueError(
+                f"{self.num_heads} query heads do not divide into "
+                f"{self.geometry.num_kv_heads} KV heads"
+            )
+        if self.variants and len(self.variants) != self.geometry.num_layers:
+            raise ValueError(
+                f"{len(self.variants)} attention variants for {self.geometry.num_layers} layers"
+            )
+        for v in self.variants:
+            v.check_heads(self.num_heads)
+        if self.block_base < 0:
+            raise ValueError(f"block_base must be >= 0, got {self.block_base}")
+        if self.group_windows:
+            self._check_group_windows()
+
+    def variant(self, layer: int) -> AttentionVariant:
+        """The attention variant of ``layer`` (plain unless the workload draws one)."""
+        return self.variants[layer] if self.variants else PLAIN
+
+    @property
+    def dtype(self) -> str:
+        return self.geometry.dtype
+
+    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        """The spec's groups, in batch-group order; empty for one full-attention group."""
+        return tuple(FULL_ATTENTION if w is None else sliding_window(w) for w in self.group_windows)
+
+    def _check_group_windows(self) -> None:
+        """One window (or ``None``) per group of the geometry; a windowed group's layers see no
+        further back than its window, since the blocks before it are released."""
+        g = self.geometry
+        if len(self.group_windows) != g.num_groups:
+            raise ValueError(
+                f"{len(self.group_windows)} group windows for {g.num_groups} KV cache groups"
+            )
+        for layer in range(g.num_layers):
+            w = self.group_windows[g.group_of(layer)]
+            seen = self.variant(layer).window
+            if w is not None and (seen is None or seen > w):
+                raise ValueError(
+                    f"layer {layer} is in a KV cache group with a window of {w} tokens, but its "
+                    f"attention window is {seen}: it would read blocks the group released"
+                )
+
+
+def geometry_for(
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: str,
+    layers: int,
+    long_context: bool = False,
+) -> tuple[KVGeometry, int]:
+    """The KV geometry and number of query heads for one drawn shape.
+
+    >>> geometry_for(16, 1, 1, 8, "float16", 1, long_context=True)[0].num_blocks
+    128
+    """
+    blocks = -(-LONG_CONTEXT_SLOTS // block_size) if long_context else pool_blocks(block_size)
+    geometry = KVGeometry(layers, blocks, block_size, num_kv_heads, head_dim, dtype)
+    return geometry, num_kv_heads * group
+
+
+def pool_blocks(block_size: int, tokens: int = 96) -> int:
+    """Blocks of a short workload's pool: :data:`POOL_BLOCKS`, else about ``tokens`` (5 at least).
+
+    >>> [pool_blocks(b) for b in (4, 8, 48, 64)]
+    [14, 12, 5, 5]
+    """
+    return POOL_BLOCKS.get(block_size, max(5, -(-tokens // block_size)))
+
+
+def large_pool_base(geometry: KVGeometry) -> int:
+    """The first backend block of a large pool: spec block 1 starts past 2^31 elements.
+
+    Spec block 0 is the last block that starts below 2^31 (or at it), so the
+    first sequence's first block sits at the boundary and everything after it
+    beyond; a guard block below it and one above the spec's pool are never
+    written by the workload.
+
+    >>> g = KVGeometry(1, 14, 16, 1, 8)                  # 128 elements per block
+    >>> base = large_pool_base(g)
+    >>> (base * 128 < 2**31 <= (base + 1) * 128, base)
+    (True, 16777215)
+    """
+    per_block = geometry.block_size * geometry.num_kv_heads * geometry.head_dim
+    return -(-INT32_ELEMENTS // per_block) - 1
+
+
+def scale_for(head_dim: int, large_logits: bool) -> float:
+    """The softmax scale: the usual ``1 / sqrt(D)``, or one that makes logits large."""
+    return (LARGE_LOGIT_GAIN if large_logits else 1.0) / math.sqrt(head_dim)
+
+
+def large_logits(config: WorkloadConfig) -> bool:
+    """Whether ``config`` uses the large-logit scale (rather than about ``1 / sqrt(D)``)."""
+    gain = config.scale * math.sqrt(config.geometry.head_dim)
+    return abs(gain) > 0.5 * (1.0 + LARGE_LOGIT_GAIN)
+
+
+def _seeded(*words: int) -> np.random.Generator:
+    return np.random.default_rng([w & 0xFFFF_FFFF_FFFF_FFFF for w in words])
+
+
+class TokenKV:
+    """The ground-truth K and V of every token, memoized by (prefix digest, layer)."""
+
+    def __init__(self, config: WorkloadConfig) -> None:
+        self._config = config
+        self._memo: dict[tuple[bytes, int], tuple[F64, F64]] = {}
+
+    def rows(self, tokens: Sequence[int], layer: int, start: int = 0) -> tuple[F64, F64]:
+        """K and V ``[len(tokens) - start, H_kv, D]`` of positions ``start ..`` of ``tokens``."""
+        g = self._config.geometry
+        shape = (len(tokens) - start, g.num_kv_heads, g.head_dim)
+        k, v = np.empty(shape), np.empty(shape)
+        for p, digest in enumerate(prefix_digests(tokens)[start:]):
+            k[p], v[p] = self._row(digest, layer)
+        return k, v
+
+    def _row(self, digest: bytes, layer: int) -> tuple[F64, F64]:
+        key = (digest, layer)
+        if key not in self._memo:
+            g = self._config.geometry
+            word = int.from_bytes(digest[:8], "little")
+            raw = _seeded(self._config.seed, layer, word).standard_normal(
+                (2, g.num_kv_heads, g.head_dim)
+            )
+            both = round_to(raw, g.dtype)
+            self._memo[key] = (both[0], both[1])
+        return self._memo[key]
+
+
+class SequenceTruth:
+    """Each live sequence's true K and V per layer, kept and extended as the sequence grows.
+
+    Digests are computed once per token, not once per token per step, and a
+    fork starts from its parent's rows. A sequence whose tokens are not an
+    extension of what is kept is recomputed, so a stale entry can never be used.
+
+    >>> config = WorkloadConfig(KVGeometry(1, 4, 2, 1, 8), num_heads=1, scale=0.5, seed=7)
+    >>> truth = SequenceTruth(TokenKV(config))
+    >>> k, _ = truth.rows(0, (5, 9, 3), layer=0)
+    >>> bool((k == TokenKV(config).rows([5, 9, 3], 0)[0]).all())
+    True
+    """
+
+    def __init__(self, token_kv: TokenKV) -> None:
+        self._token_kv = token_kv
+        self._kept: dict[tuple[int, int], tuple[tuple[int, ...], F64, F64]] = {}
+
+    def rows(self, seq_id: int, tokens: Sequence[int], layer: int) -> tuple[F64, F64]:
+        """K and V ``[len(tokens), H_kv, D]`` of sequence ``seq_id``, of token ids ``tokens``."""
+        tokens = tuple(tokens)
+        kept = self._kept.get((seq_id, layer))
+        if kept is None or tokens[: len(kept[0])] != kept[0]:
+            k, v = self._token_kv.rows(tokens, layer)
+        elif len(kept[0]) == len(tokens):
+            return kept[1], kept[2]
+        else:
+            k_new, v_new = self._token_kv.rows(tokens, layer, start=len(kept[0]))
+            k, v = np.concatenate([kept[1], k_new]), np.concatenate([kept[2], v_new])
+        self._kept[(seq_id, layer)] = (tokens, k, v)
+        return k, v
+
+    def fork(self, parent: int, child: int) -> None:
+        for (seq, layer), entry in list(self._kept.items()):
+            if seq == parent:
+                self._kept[(child, layer)] = entry
+
+    def drop(self, seq_id: int) -> None:
+        for key in [key for key in self._kept if key[0] == seq_id]:
+            del self._kept[key]
+
+
+def prefix_digests(tokens: Sequence[int]) -> list[bytes]:
+    """Digest ``p`` names ``tokens[: p + 1]``: a chain, so equal digests mean equal prefixes."""
+    digests, parent = [], b""
+    for token in tokens:
+        parent = hashlib.blake2b(parent + int(token).to_bytes(8, "little", signed=True)).digest()
+        digests.append(parent)
+    return digests
+
+
+def queries(config: WorkloadConfig, step: int, layer: int, num_tokens: int) -> F64:
+    """The query ``[num_tokens, H, D]`` of one step and layer."""
+    raw = _seeded(config.seed, _Q, step, layer).standard_normal(
+        (num_tokens, config.num_heads, config.geometry.head_dim)
+    )
+    return round_to(raw, config.dtype)
+
+
+def background(config: WorkloadConfig, layer: int) -> tuple[F64, F64]:
+    """K and V for every slot before the workload starts, so that any stray write shows."""
+    g = config.geometry
+    raw = _seeded(config.seed, _BACKGROUND, layer).standard_normal(
+        (2, g.num_blocks * g.block_size, g.num_kv_heads, g.head_dim)
+    )
+    both = round_to(raw, g.dtype)
+    return both[0], both[1]
+
+
+def guard_background(config: WorkloadConfig, layer: int, num_slots: int) -> tuple[F64, F64]:
+    """K and V of the guard blocks around a large pool's workload: never written after priming."""
+    g = config.geometry
+    raw = _seeded(config.seed, _GUARD, layer).standard_normal(
+        (2, num_slots, g.num_kv_heads, g.head_dim)
+    )
+    both = round_to(raw, g.dtype)
+    return both[0], both[1]
+
+
+def padding_rows(config: WorkloadConfig, step: int, layer: int, count: int) -> F64:
+    """Rows that sit under slot ``-1`` or past the slot mapping: a backend must store none."""
+    g = config.geometry
+    raw = _seeded(config.seed, _PAD, step, layer).uniform(
+        0.5 * PAD_VALUE, PAD_VALUE, (count, g.num_kv_heads, g.head_dim)
+    )
+    out: NDArray[np.float64] = round_to(raw, g.dtype)
+    return out

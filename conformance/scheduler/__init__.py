@@ -1,0 +1,6 @@
+"""The scheduler suite: any scheduler against the spec's invariants on drawn workloads.
+
+``suite`` runs it; ``invariants`` checks each step; ``workloads`` draws request streams;
+``report`` writes its reports; ``engine`` and ``model`` serve a tiny model with the
+scheduler under test.
+"""

@@ -1,0 +1,441 @@
+"""Scheduler invariants, checked every step, against any :class:`spec.scheduler.Scheduler`.
+
+A scheduler plugs in like a backend: give :func:`run_checked` a factory that
+builds it from a :class:`~spec.scheduler.SchedulerConfig`, some requests and
+their arrival steps. It drives the scheduler, and an *executor* turns each
+step's decision into sampled tokens. The default executor needs no model: it
+"samples" token ``j`` of sample ``i`` of a request as a fixed function of
+``(request, i, j)``. The scheduler suite also plugs in a model-backed executor
+(:mod:`conformance.scheduler.engine`) that runs the decision through a
+paged KV cache, so the same run also checks token-exact equivalence. After
+every step it checks:
+
+* scheduled tokens <= ``max_num_batched_tokens``; running sequences <= ``max_num_seqs``;
+* no running sequence is skipped while budget is left (a victim's removal must
+  not make the loop skip the next sequence);
+* every scheduled token has a slot: in the pool, no two tokens in one slot,
+  and exactly where the sequence's block table puts its position;
+* every input token is the sequence's token at that position (as the block
+  manager holds it: prompt, then what was sampled);
+* the block manager's and the pool's own invariants (``check_integrity``);
+* finished and aborted requests hold no blocks, from the step they finish;
+* the scheduler's own calls do not raise (preempting a victim that already has
+  slots this step, for one, breaks the batch it is building);
+* progress: a step that has work left computes a token or frees blocks (no deadlock);
+* bounded wait: under FCFS no request is first scheduled before one that arrived
+  earlier, and every request finishes within a step bound;
+* at the end: no blocks leaked, sequence ids unique to one request, and each
+  sample generated exactly what it generates alone, cut at its stop token or
+  its length.
+
+Every violation raises :class:`SchedulerInvariantError` naming the step and the
+rule; :attr:`RunReport.checks` counts each rule's checks, :attr:`RunReport.paths`
+the paths the run took (preemptions, swaps, forks, prefix hits, ...).
+
+>>> from spec.scheduler import ContinuousScheduler
+>>> config = SchedulerConfig(num_blocks=4, block_size=3, max_num_batched_tokens=4)
+>>> report = run_checked(ContinuousScheduler, config, [
+...     Request(request_id=0, prompt=(1, 2, 3, 4, 5), max_new_tokens=3),
+...     Request(request_id=1, prompt=(6,), max_new_tokens=2, n=2)])
+>>> report.steps, report.paths["forked samples"], report.checks["token budget"]
+(4, 1, 4)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import pairwise
+from typing import Protocol, TypeVar
+
+from spec.block_manager import cdiv
+from spec.request import Request
+from spec.scheduler import FinishedRequest, Scheduler, SchedulerConfig, SchedulerOutput
+
+TokenFn = Callable[[Request, int, int], int]
+T = TypeVar("T")
+
+BUDGET = "token budget"
+SEATS = "max_num_seqs"
+SLOTS = "a slot for every scheduled token"
+INPUTS = "input tokens are the sequence's tokens"
+NO_SKIP = "no running sequence skipped"
+INTEGRITY = "block manager integrity"
+CALLS = "scheduler calls do not raise"
+EXECUTABLE = "decisions the engine can execute"
+FINISHED = "finished requests hold nothing"
+PROGRESS = "progress (no deadlock)"
+BOUNDED = "bounded wait"
+FCFS = "FCFS order"
+UNIQUE_IDS = "sequence ids unique to one request"
+LEAK = "no leak at the end"
+OUTPUTS = "outputs as sampled"
+RULES: tuple[str, ...] = (BUDGET, SEATS, SLOTS, INPUTS, NO_SKIP, INTEGRITY, CALLS, FINISHED)
+RULES += (PROGRESS, BOUNDED, FCFS, UNIQUE_IDS, LEAK)
+"""Every rule a run checks, whatever its executor (which adds its own final rule)."""
+
+PATHS = (
+    "aborts",
+    "copy-on-write copies",
+    "forked samples",
+    "multi-token rows (prefill chunks)",
+    "preemptions by recomputation",
+    "preemptions by swapping",
+    "prefix-cache hit tokens",
+    "requests finished",
+    "single-token rows",
+    "steps that preempted",
+    "swap-ins",
+)
+"""The hard paths a run counts (a count of 0 is a path the scheduler never took)."""
+
+
+class SchedulerInvariantError(AssertionError):
+    """A scheduler broke one of the invariants above: ``rule`` at ``step``, and how."""
+
+    def __init__(self, rule: str, step: int, detail: str) -> None:
+        super().__init__(f"step {step}: {detail}")
+        self.rule, self.step, self.detail = rule, step, detail
+
+
+class Executor(Protocol):
+    """Runs a step's decision and samples; knows what each request generates alone."""
+
+    @property
+    def rule(self) -> str:
+        """The name of the final check it makes possible (how its outputs are compared)."""
+        ...
+
+    def execute(self, out: SchedulerOutput) -> dict[int, int]:
+        """Execute ``out`` and return one sampled token per ``out.samples`` entry's ``seq_id``."""
+        ...
+
+    def alone(self, request: Request) -> tuple[tuple[int, ...], ...]:
+        """Each sample's outputs when the request runs by itself."""
+        ...
+
+
+ExecutorFactory = Callable[[Scheduler, Mapping[int, Request]], Executor]
+
+
+def default_tokens(request: Request, sample_index: int, position: int) -> int:
+    """A deterministic stand-in for sampling: depends only on who and where, never on batching."""
+    return (request.request_id * 7919 + sample_index * 104729 + position * 31 + request.seed) % 61
+
+
+@dataclass
+class RunReport:
+    """What a checked run saw: totals, each rule's check count, each path's count, results."""
+
+    steps: int = 0
+    tokens: int = 0
+    preemptions: int = 0
+    swaps: int = 0
+    max_running: int = 0
+    results: dict[int, FinishedRequest] = field(default_factory=dict)
+    checks: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(RULES, 0)))
+    paths: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(PATHS, 0)))
+
+
+def expected_outputs(
+    request: Request, tokens: TokenFn = default_tokens
+) -> tuple[tuple[int, ...], ...]:
+    """Each sample's outputs when run alone: draw until a stop token or ``max_new_tokens``."""
+    outs = []
+    for i in range(request.n):
+        out: list[int] = []
+        while len(out) < request.max_new_tokens:
+            out.append(tokens(request, i, len(out)))
+            if out[-1] in request.stop_tokens:
+                break
+        outs.append(tuple(out))
+    return tuple(outs)
+
+
+@dataclass
+class _TokenFnExecutor:
+    """The model-free executor: a sample's token is ``tokens(request, sample, position)``."""
+
+    requests: Mapping[int, Request]
+    tokens: TokenFn
+    rule: str = OUTPUTS
+
+    def execute(self, out: SchedulerOutput) -> dict[int, int]:
+        return {
+            s.seq_id: self.tokens(self.requests[s.request_id], s.sample_index, s.position)
+            for s in out.samples
+        }
+
+    def alone(self, request: Request) -> tuple[tuple[int, ...], ...]:
+        return expected_outputs(request, self.tokens)
+
+
+def run_checked(
+    make: Callable[[SchedulerConfig], Scheduler],
+    config: SchedulerConfig,
+    requests: Sequence[Request],
+    arrivals: Mapping[int, int] | None = None,
+    *,
+    aborts: Mapping[int, int] | None = None,
+    tokens: TokenFn = default_tokens,
+    max_steps: int | None = None,
+    executor: ExecutorFactory | None = None,
+) -> RunReport:
+    """Drive ``make(config)`` through ``requests``, checking every step.
+
+    ``arrivals[id]``: the step before which the request is submitted (default 0).
+    ``aborts[id]``: the step before which it is aborted, if it is still in flight.
+    ``executor`` builds what executes each step (default: ``tokens``, no model).
+    """
+    sched = make(config)
+    by_id = {r.request_id: r for r in requests}
+    run = _Run(sched, RunReport())
+    run.executor = (
+        executor(sched, by_id) if executor is not None else _TokenFnExecutor(by_id, tokens)
+    )
+    arrive = dict(arrivals or {})
+    pending = sorted(requests, key=lambda r: arrive.get(r.request_id, 0))
+    bound = max_steps if max_steps is not None else _step_bound(requests, arrive)
+    while pending or sched.has_unfinished():
+        while pending and arrive.get(pending[0].request_id, 0) <= run.report.steps:
+            request = pending.pop(0)
+            run.call(partial(sched.submit, request), f"submit(request {request.request_id})")
+            run.submitted.append(request.request_id)
+        run.abort_due(aborts or {})
+        run.check(run.report.steps < bound, BOUNDED, f"not finished within {bound} steps")
+        run.step()
+    run.check_end(requests)
+    return run.report
+
+
+@dataclass
+class _Run:
+    """One checked run: the scheduler, what it has done so far, and the checks."""
+
+    sched: Scheduler
+    report: RunReport
+    executor: Executor | None = None
+    submitted: list[int] = field(default_factory=list)
+    first_row: dict[int, int] = field(default_factory=dict)  # seq id -> first step it ran
+    sampled_at: dict[tuple[int, int, int], int] = field(default_factory=dict)
+
+    def check(self, ok: bool, rule: str, detail: str, step: int | None = None) -> None:
+        self.report.checks[rule] += 1
+        if not ok:
+            raise SchedulerInvariantError(rule, self.report.steps if step is None else step, detail)
+
+    def call(self, fn: Callable[[], T], what: str, rule: str = CALLS) -> T:
+        """Run a scheduler call; its own crash is a violation too (it broke its own state)."""
+        self.report.checks[rule] += 1
+        try:
+            return fn()
+        except SchedulerInvariantError:
+            raise
+        except Exception as e:
+            raise SchedulerInvariantError(
+                rule, self.report.steps, f"{what} raised {type(e).__name__}: {e}"
+            ) from e
+
+    def integrity(self) -> None:
+        self.report.checks[INTEGRITY] += 1
+        try:
+            self.sched.manager.check_integrity()
+        except AssertionError as e:
+            raise SchedulerInvariantError(INTEGRITY, self.report.steps, str(e)) from e
+
+    def abort_due(self, aborts: Mapping[int, int]) -> None:
+        """Abort each submitted, unfinished request whose abort step has come."""
+        for rid in self.submitted:
+            if aborts.get(rid) == self.report.steps and rid not in self.report.results:
+                self.call(partial(self.sched.abort, rid), f"abort({rid})")
+                self.report.paths["aborts"] += 1
+                self.finished(self.call(partial(self.sched.result, rid), f"result({rid})"))
+                self.integrity()
+
+    def finished(self, done: FinishedRequest) -> None:
+        self.report.results[done.request_id] = done
+        for seq_id in done.seq_ids:
+            self.check(
+                seq_id not in self.sched.manager,
+                FINISHED,
+                f"request {done.request_id} finished but sequence {seq_id} holds blocks",
+            )
+
+    def step(self) -> None:
+        sched, report = self.sched, self.report
+        busy = sched.has_unfinished()
+        before = set(sched.manager.sequence_ids())
+        out = self.call(sched.step, "step()")
+        self.check_step(out, busy=busy)
+        self.count_paths(out, before)
+        assert self.executor is not None
+        execute = partial(self.executor.execute, out)
+        if isinstance(self.executor, _TokenFnExecutor):  # nothing to execute: no check
+            sampled = execute()
+        else:
+            sampled = self.call(execute, f"executing step {out.step}", EXECUTABLE)
+        for s in out.samples:
+            self.sampled_at[(s.request_id, s.sample_index, s.position)] = report.steps
+        for done in self.call(partial(sched.update, sampled), "update()"):
+            self.finished(done)
+        self.integrity()
+        report.steps += 1
+
+    def check_step(self, out: SchedulerOutput, *, busy: bool) -> None:
+        cfg, m, b = self.sched.config, self.sched.manager, out.batch
+        self.check(
+            b.num_tokens <= cfg.max_num_batched_tokens,
+            BUDGET,
+            f"{b.num_tokens} tokens scheduled, budget {cfg.max_num_batched_tokens}",
+        )
+        self.check(
+            len(out.token_ids) == b.num_tokens, INPUTS, "token_ids and batch disagree in length"
+        )
+        running = len(m.sequence_ids())
+        self.check(
+            b.num_seqs <= cfg.max_num_seqs and running <= cfg.max_num_seqs,
+            SEATS,
+            f"{b.num_seqs} scheduled, {running} running; max_num_seqs {cfg.max_num_seqs}",
+        )
+        self.check_slots(out)
+        idle = set(m.sequence_ids()) - set(b.seq_ids)
+        self.check(
+            not idle or b.num_tokens == cfg.max_num_batched_tokens,
+            NO_SKIP,
+            f"running sequences {sorted(idle)} skipped with "
+            f"{cfg.max_num_batched_tokens - b.num_tokens} tokens of budget left",
+        )
+        progress = b.num_tokens > 0 or out.preempted or out.swap_out or out.aborted
+        self.check(
+            bool(progress) or not busy,
+            PROGRESS,
+            "work left, but no token computed and nothing freed",
+        )
+        self.integrity()
+        report = self.report
+        report.tokens += b.num_tokens
+        report.preemptions += len(out.preempted)
+        report.swaps += len(out.swap_out) + len(out.swap_in)
+        report.max_running = max(report.max_running, running)
+
+    def check_slots(self, out: SchedulerOutput) -> None:
+        m, b, cfg = self.sched.manager, out.batch, self.sched.config
+        num_slots = cfg.num_blocks * cfg.block_size
+        slots = b.slot_mapping
+        self.check(len(set(slots)) == len(slots), SLOTS, "two scheduled tokens share a slot")
+        for i, seq_id in enumerate(b.seq_ids):
+            self.check(seq_id in m, SLOTS, f"sequence {seq_id} is scheduled but holds no blocks")
+            table = m.block_table(seq_id)
+            self.check(
+                len(table) == cdiv(b.seq_lens[i], b.block_size),
+                SLOTS,
+                f"sequence {seq_id}: {len(table)} blocks for {b.seq_lens[i]} tokens",
+            )
+            tokens = m.tokens(seq_id)
+            for j in range(b.query_start_loc[i], b.query_start_loc[i + 1]):
+                pos, slot = b.positions[j], slots[j]
+                inside = 0 <= pos < len(tokens)
+                self.check(
+                    inside and 0 <= slot < num_slots and slot == m.slot(seq_id, pos),
+                    SLOTS,
+                    f"sequence {seq_id} position {pos}: slot {slot}, table says "
+                    f"{m.slot(seq_id, pos) if inside else 'nothing'}",
+                )
+                self.check(
+                    out.token_ids[j] == tokens[pos],
+                    INPUTS,
+                    f"sequence {seq_id} position {pos}: input token {out.token_ids[j]}, "
+                    f"the sequence holds {tokens[pos]} there",
+                )
+
+    def count_paths(self, out: SchedulerOutput, before: set[int]) -> None:
+        """Which hard paths this step took; ``before``: the sequences holding blocks before it."""
+        paths, b = self.report.paths, out.batch
+        swapped_out = {s.seq_id for s in out.swap_out}
+        swapped_in = {s.seq_id for s in out.swap_in}
+        paths["preemptions by recomputation"] += len(set(out.preempted) - swapped_out)
+        paths["preemptions by swapping"] += len(swapped_out)
+        paths["swap-ins"] += len(swapped_in)
+        paths["copy-on-write copies"] += len(b.copies)
+        paths["forked samples"] += sum(s.sample_index > 0 and s.position == 0 for s in out.samples)
+        for i, seq_id in enumerate(b.seq_ids):
+            n, context = b.query_len(i), b.seq_lens[i] - b.query_len(i)
+            paths["multi-token rows (prefill chunks)" if n > 1 else "single-token rows"] += 1
+            if seq_id not in before and seq_id not in swapped_in and context > 0:
+                paths["prefix-cache hit tokens"] += context
+            self.first_row.setdefault(seq_id, self.report.steps)
+        paths["steps that preempted"] += bool(out.preempted)
+
+    def check_end(self, requests: Sequence[Request]) -> None:
+        m, report = self.sched.manager, self.report
+        self.check(not m.sequence_ids(), LEAK, f"sequences left holding blocks: {m.sequence_ids()}")
+        self.check(m.pool.num_held == 0, LEAK, f"{m.pool.num_held} blocks leaked")
+        assert self.executor is not None
+        for r in requests:
+            got = report.results.get(r.request_id)
+            self.check(got is not None, BOUNDED, f"request {r.request_id} never finished")
+            assert got is not None
+            self.check_outputs(r, got, self.executor.alone(r))
+        report.paths["requests finished"] += sum(not d.aborted for d in report.results.values())
+        self.check_unique_ids()
+        if self.sched.config.policy == "fcfs":
+            self.check_fcfs()
+
+    def check_outputs(
+        self, r: Request, got: FinishedRequest, want: tuple[tuple[int, ...], ...]
+    ) -> None:
+        assert self.executor is not None
+        if got.aborted:  # whatever it generated before the abort is a prefix of the truth
+            want = tuple(w[: len(g)] for w, g in zip(want, got.outputs, strict=False))
+        for i in range(max(len(want), len(got.outputs))):
+            mine = got.outputs[i] if i < len(got.outputs) else None
+            alone = want[i] if i < len(want) else None
+            self.check(mine == alone, self.executor.rule, self.diff(r.request_id, i, mine, alone))
+
+    def diff(
+        self, rid: int, i: int, got: tuple[int, ...] | None, want: tuple[int, ...] | None
+    ) -> str:
+        """Where a sample's outputs first differ from its run alone, and at which step."""
+        head = f"request {rid} sample {i} generated {got}, alone it generates {want}"
+        if got is None or want is None:
+            return head
+        j = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        if j is None:
+            return f"{head} (lengths differ)"
+        return f"{head} (token {j} differs; it was sampled at step {self.sampled_at[(rid, i, j)]})"
+
+    def check_unique_ids(self) -> None:
+        owner: dict[int, int] = {}
+        for rid, done in self.report.results.items():
+            for seq_id in done.seq_ids:
+                other = owner.setdefault(seq_id, rid)
+                self.check(
+                    other == rid,
+                    UNIQUE_IDS,
+                    f"sequence {seq_id} belongs to requests {other}, {rid}",
+                )
+
+    def check_fcfs(self) -> None:
+        """No request first scheduled before one submitted earlier (aborted ones aside)."""
+        results = self.report.results
+        started = [rid for rid in self.submitted if not results[rid].aborted]
+        firsts = [(rid, self.first_step(results[rid])) for rid in started]
+        for (a, fa), (b, fb) in pairwise(firsts):
+            self.check(
+                fa is not None and fb is not None and fa <= fb,
+                FCFS,
+                f"FCFS: request {b} (first scheduled at step {fb}) overtook earlier request {a} "
+                f"(first scheduled at step {fa})",
+            )
+
+    def first_step(self, done: FinishedRequest) -> int | None:
+        steps = [self.first_row[s] for s in done.seq_ids if s in self.first_row]
+        return min(steps, default=None)
+
+
+def _step_bound(requests: Sequence[Request], arrivals: Mapping[int, int]) -> int:
+    """Generous: every token of every sample, recomputed once per request, plus arrivals."""
+    work = sum(r.n * (len(r.prompt) + r.max_new_tokens) for r in requests)
+    return (work + 1) * (len(requests) + 2) + max(arrivals.values(), default=0)

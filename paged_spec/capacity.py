@@ -1,0 +1,364 @@
+"""How many sequences fit: contiguous max-length reservation against paging.
+
+Run ``python -m paged_spec.capacity`` for the seeds' two worked examples, or pick a
+preset and override any number (``--help``). The arithmetic is
+:mod:`spec.kv_budget`'s; this module adds model presets, a device budget and a
+report. For a model with more than one kind of memory (a fixed per-sequence
+state, sliding-window layers) the report also runs the spec's own allocator,
+:class:`spec.cache_manager.CacheManager` over the model's KV cache groups,
+admitting sequences until one does not fit (:mod:`paged_spec._capacity_alloc`).
+
+A Llama-3.1-8B-class model costs 128 KiB of KV per token, and a 200-token
+request inside a 4,096-token contiguous reservation wastes over 95% of it:
+
+>>> r = capacity(PRESETS["llama-3.1-8b"], context=200, max_len=4096, pool_bytes=512 * MIB)
+>>> r.kv_bytes_per_token // KIB, round(r.contiguous_waste, 4)
+(128, 0.9512)
+>>> r.contiguous_fit, r.paged_fit        # 512 MiB: one 512 MiB reservation, or 19 such requests
+(1, 19)
+
+The seeds' hybrid 27B example: 64 KiB per token over its 16 full-attention
+layers, 16 GiB at the full 262,144-token context; the 23,859 MiB pool holds one
+maximum reservation but ten 32,768-token sessions of 2,192 MiB (2 GiB of KV plus
+144 MiB of fixed state):
+
+>>> r = capacity(PRESETS["hybrid-27b"])
+>>> r.kv_bytes_per_token // KIB, r.max_len * r.kv_bytes_per_token // GIB
+(64, 16)
+>>> r.paged_seq_bytes // MIB, r.contiguous_fit, r.paged_fit
+(2192, 1, 10)
+
+The spec's allocator agrees: a state pool of one slot and 23,715 blocks holds
+one maximum reservation; ten slots and 22,419 blocks hold ten sessions.
+
+>>> [(f.sequences, f.state_slots, f.blocks) for f in allocator_fits(PRESETS["hybrid-27b"])]
+[(1, 1, 23715), (10, 10, 22419)]
+
+A Gemma-style model (5 sliding-window layers of 1,024 tokens per global
+layer) fits many more sequences once its windows release their blocks:
+
+>>> gemma = PRESETS["gemma-style"]
+>>> allocator_fits(gemma)[-1].sequences, windowless_fit(gemma).sequences
+(18, 4)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from paged_spec._capacity_alloc import AllocatorFit, ModelKV, allocator_fit, group_layout
+from paged_spec._cli import (
+    fraction,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
+from spec.errors import SpecError
+from spec.kv_budget import (
+    GIB,
+    KIB,
+    MIB,
+    contiguous_waste_fraction,
+    kv_bytes_per_token,
+    sequence_bytes,
+    sequences_that_fit,
+)
+
+__all__ = [
+    "PRESETS",
+    "Capacity",
+    "ModelKV",
+    "allocator_fits",
+    "capacity",
+    "format_bytes",
+    "main",
+    "windowless_fit",
+]
+
+
+# An H200 (141 GB) at 90% memory utilization, less 16 GB of bf16 weights.
+_8B_WEIGHTS = 16 * 10**9
+_H200_8B_POOL = int(141e9 * 0.9) - _8B_WEIGHTS
+
+PRESETS: dict[str, ModelKV] = {
+    "llama-3.1-8b": ModelKV(
+        "llama-3.1-8b", num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2,
+        context=200, max_len=4096, pool_bytes=_H200_8B_POOL, weights_bytes=_8B_WEIGHTS,
+    ),
+    "hybrid-27b": ModelKV(
+        "hybrid-27b", num_layers=16, num_kv_heads=4, head_dim=256, dtype_bytes=2,
+        state_bytes=144 * MIB, context=32_768, max_len=262_144, pool_bytes=23_859 * MIB,
+        weights_bytes=54 * 10**9, state_layers=48,
+    ),
+    "gemma-style": ModelKV(
+        "gemma-style", num_layers=48, num_kv_heads=4, head_dim=128, dtype_bytes=2,
+        context=16_384, max_len=65_536, pool_bytes=6 * GIB, weights_bytes=24 * 10**9,
+        window_layers=40, window=1024,
+    ),
+}  # fmt: skip
+"""The seeds' models, each with its own weights (16 GB and 54 GB in bf16), and a windowed one.
+
+The 27B's 4 KV heads x 256 is one split of its 64 KiB per token; its preset pool
+is the seeds' 23,859 MiB, what an 80 GB device leaves after the weights and a
+runtime reserve. ``--device-gb`` recomputes the pool from the preset's weights.
+``gemma-style`` is illustrative, not a published model: Gemma 3's pattern of
+five 1,024-token sliding-window layers per global layer, on 48 layers of 4 KV
+heads x 128 in bf16, with a 6 GiB pool.
+"""
+
+DEFAULT_MODELS = ("llama-3.1-8b", "hybrid-27b")
+"""What ``python -m paged_spec.capacity`` prints with no ``--model``: the seeds' two examples."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a pool holds for one model: per token, per block, per sequence, sequences."""
+
+    model: str
+    block_size: int
+    context: int
+    max_len: int
+    pool_bytes: int
+    kv_bytes_per_token: int
+    bytes_per_block: int
+    pool_blocks: int
+    contiguous_seq_bytes: int
+    paged_seq_bytes: int
+    contiguous_fit: int
+    paged_fit: int
+    contiguous_waste: float  # share of a max reservation a ``context`` sequence leaves empty
+
+    @property
+    def gain(self) -> float:
+        """How many times more sequences paging fits."""
+        return self.paged_fit / self.contiguous_fit if self.contiguous_fit else float("inf")
+
+
+def capacity(
+    model: ModelKV,
+    *,
+    context: int | None = None,
+    max_len: int | None = None,
+    pool_bytes: int | None = None,
+    block_size: int | None = None,
+) -> Capacity:
+    """Size ``model``'s pool; any keyword overrides the preset's scenario."""
+    m = replace(
+        model,
+        context=model.context if context is None else context,
+        max_len=model.max_len if max_len is None else max_len,
+        pool_bytes=model.pool_bytes if pool_bytes is None else pool_bytes,
+        block_size=model.block_size if block_size is None else block_size,
+    )
+    if not 1 <= m.context <= m.max_len:
+        raise ValueError(f"context must be in 1..max_len ({m.max_len}), got {m.context}")
+    if m.pool_bytes < 0:
+        raise ValueError(f"pool_bytes must be >= 0, got {m.pool_bytes}")
+    per_token = kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype_bytes)
+    contiguous = sequence_bytes(m.max_len, per_token, state_bytes=m.state_bytes)
+    paged = sequence_bytes(m.context, per_token, block_size=m.block_size, state_bytes=m.state_bytes)
+    return Capacity(
+        model=m.name,
+        block_size=m.block_size,
+        context=m.context,
+        max_len=m.max_len,
+        pool_bytes=m.pool_bytes,
+        kv_bytes_per_token=per_token,
+        bytes_per_block=per_token * m.block_size,
+        pool_blocks=m.pool_bytes // (per_token * m.block_size),
+        contiguous_seq_bytes=contiguous,
+        paged_seq_bytes=paged,
+        contiguous_fit=sequences_that_fit(m.pool_bytes, contiguous),
+        paged_fit=sequences_that_fit(m.pool_bytes, paged),
+        contiguous_waste=contiguous_waste_fraction(m.context, m.max_len),
+    )
+
+
+def allocator_fits(model: ModelKV) -> list[AllocatorFit]:
+    """The spec's allocator at ``context`` tokens, after ``max_len`` (a reservation's worth,
+    whose sequences the state pool limits) when the model has a fixed-size state."""
+    lengths = (model.max_len, model.context) if model.state_bytes else (model.context,)
+    return [allocator_fit(model, n) for n in lengths]
+
+
+def windowless_fit(model: ModelKV) -> AllocatorFit:
+    """The spec's allocator at ``context`` tokens with every window keeping all its blocks."""
+    return allocator_fit(model, model.context, release=False)
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes in a binary unit a reader can take in at a glance.
+
+    An exact count of the largest unit that divides ``n`` when it has at most
+    five digits (the seeds' "23,859 MiB"); otherwise two decimals of the largest
+    unit that fits, so a pool never reads as "54,687,500 KiB".
+
+    >>> format_bytes(128 * KIB), format_bytes(2192 * MIB), format_bytes(16 * GIB)
+    ('128 KiB', '2,192 MiB', '16 GiB')
+    >>> format_bytes(54_687_500 * KIB), format_bytes(1536 * MIB + 1), format_bytes(100)
+    ('52.15 GiB', '1.50 GiB', '100 B')
+    """
+    units = [("GiB", GIB), ("MiB", MIB), ("KiB", KIB)]
+    for name, size in units:
+        if n >= size and n % size == 0 and n // size < 100_000:
+            return f"{n // size:,} {name}"
+    for name, size in units:
+        if n >= size:
+            return f"{n / size:,.2f} {name}"
+    return f"{n:,} B"
+
+
+def _allocator_rows(model: ModelKV) -> list[tuple[str, str]]:
+    """The spec allocator's lines: each scenario's fit and how the pools were split."""
+    layout = group_layout(model)
+    rows = [("KV cache groups", layout.describe(model))]
+    fits = allocator_fits(model)
+    for fit in fits:
+        pools = f"{fit.blocks:,} blocks of {format_bytes(fit.block_bytes)}"
+        if fit.state_slots:
+            slots = "slot" if fit.state_slots == 1 else "slots"
+            pools = f"{fit.state_slots:,} state {slots} + {pools}"
+        rows.append((f"allocator, {fit.context:,} tokens", f"{fit.sequences:,} fit: {pools}"))
+    if model.window_layers:
+        whole = windowless_fit(model)
+        gain = f"{fits[-1].sequences / whole.sequences:.1f}x" if whole.sequences else "all"
+        rows.append(
+            ("windows kept whole", f"{whole.sequences:,} fit: releasing fits {gain} as many")
+        )
+    return rows
+
+
+def report(c: Capacity, model: ModelKV | None = None) -> str:
+    """The human-readable table ``python -m paged_spec.capacity`` prints.
+
+    With ``model`` (a hybrid or windowed one), the spec allocator's lines follow.
+    """
+    rows = [
+        ("KV per token", format_bytes(c.kv_bytes_per_token)),
+        (f"KV per block (B={c.block_size})", format_bytes(c.bytes_per_block)),
+        ("pool", f"{format_bytes(c.pool_bytes)} = {c.pool_blocks:,} blocks"),
+        (
+            f"contiguous, reserve {c.max_len:,}",
+            f"{format_bytes(c.contiguous_seq_bytes)} per sequence -> {c.contiguous_fit:,} fit",
+        ),
+        (
+            f"paged, context {c.context:,}",
+            f"{format_bytes(c.paged_seq_bytes)} per sequence -> {c.paged_fit:,} fit"
+            f" ({c.gain:.1f}x)",
+        ),
+        (
+            "reservation left empty",
+            f"{c.contiguous_waste:.1%} (a {c.context:,}-token sequence in {c.max_len:,} slots)",
+        ),
+    ]
+    if model is not None and model.has_groups:
+        rows += _allocator_rows(model)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([f"== {c.model}"] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m paged_spec.capacity", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--model", choices=sorted(PRESETS), action="append", help="preset (repeatable)")
+    p.add_argument("--layers", type=positive_int, help="layers that cache K/V")
+    p.add_argument("--kv-heads", type=positive_int)
+    p.add_argument("--head-dim", type=positive_int)
+    p.add_argument("--dtype-bytes", type=positive_int, help="2 for bf16/fp16, 1 for fp8")
+    p.add_argument("--state-mib", type=nonnegative_float, help="fixed per-sequence state, MiB")
+    p.add_argument("--context", type=positive_int, help="tokens a sequence actually holds")
+    p.add_argument("--max-len", type=positive_int, help="tokens a contiguous allocator reserves")
+    p.add_argument("--block-size", type=positive_int)
+    p.add_argument("--window", type=positive_int, help="sliding window of the windowed layers")
+    p.add_argument("--window-layers", type=nonnegative_int, help="layers with a sliding window")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--pool-mib", type=nonnegative_float, help="KV pool size, MiB")
+    budget.add_argument(
+        "--device-gb",
+        type=positive_float,
+        help="device memory, GB; the pool is device x --utilization - weights",
+    )
+    p.add_argument(
+        "--weights-gb", type=nonnegative_float, help="weights, GB (default: the preset's)"
+    )
+    p.add_argument("--utilization", type=fraction, default=0.9, help="share of the device used")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def _pick(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _pool_from_device(base: ModelKV, a: argparse.Namespace) -> int:
+    weights = base.weights_bytes if a.weights_gb is None else int(a.weights_gb * 1e9)
+    pool = int(a.device_gb * 1e9 * a.utilization) - weights
+    if pool < 0:
+        raise ValueError(
+            f"{base.name}: {a.device_gb:g} GB x utilization {a.utilization:g} leaves less than "
+            f"the {weights / 1e9:g} GB of weights"
+        )
+    return pool
+
+
+def _model_from_args(base: ModelKV, a: argparse.Namespace) -> ModelKV:
+    pool = base.pool_bytes
+    if a.pool_mib is not None:
+        pool = int(a.pool_mib * MIB)
+    elif a.device_gb is not None:
+        pool = _pool_from_device(base, a)
+    state = base.state_bytes if a.state_mib is None else int(a.state_mib * MIB)
+    window_layers = _pick(a.window_layers, base.window_layers)
+    window = base.window if a.window is None else a.window
+    if window_layers and window is None:
+        raise ValueError(f"{base.name}: --window-layers {window_layers} needs a --window")
+    return replace(
+        base,
+        window_layers=window_layers,
+        window=window if window_layers else None,
+        num_layers=_pick(a.layers, base.num_layers),
+        num_kv_heads=_pick(a.kv_heads, base.num_kv_heads),
+        head_dim=_pick(a.head_dim, base.head_dim),
+        dtype_bytes=_pick(a.dtype_bytes, base.dtype_bytes),
+        state_bytes=state,
+        context=_pick(a.context, base.context),
+        max_len=_pick(a.max_len, base.max_len),
+        block_size=_pick(a.block_size, base.block_size),
+        pool_bytes=pool,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the capacity of each chosen preset (default: every preset)."""
+    args = _parser().parse_args(argv)
+    try:
+        models = [_model_from_args(PRESETS[name], args) for name in args.model or DEFAULT_MODELS]
+        results = [(m, capacity(m)) for m in models]
+        if args.json:
+            print(json.dumps([_json(m, r) for m, r in results], indent=2))
+        else:
+            print("\n\n".join(report(r, m) for m, r in results))
+    except (ValueError, SpecError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _json(model: ModelKV, r: Capacity) -> dict[str, object]:
+    out: dict[str, object] = asdict(r) | {"gain": r.gain}
+    if model.has_groups:
+        fits = [asdict(f) for f in allocator_fits(model)]
+        out["allocator"] = {"groups": group_layout(model).describe(model), "fits": fits}
+        if model.window_layers:
+            out["allocator"] |= {"windows_kept_whole": asdict(windowless_fit(model))}  # type: ignore[operator]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""A tiny engine: the spec's scheduler and memory serving a tiny model through any backend."""

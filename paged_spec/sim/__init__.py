@@ -1,0 +1,1 @@
+"""The serving simulator's parts: traffic, cost model, the run, the scenarios, the plots."""
