@@ -43,6 +43,26 @@ static void *checked_alloc(size_t n) {
     return p;
 }
 
+void json_free(jnode *n) {
+    long long i;
+    if (!n) return;
+    for (i = 0; i < n->len; i++) {
+        json_free(n->items[i]);
+        if (n->keys) free(n->keys[i]);
+    }
+    free(n->items);
+    free(n->keys);
+    free(n->str);
+    free(n);
+}
+
+/* Free a container being built (and the key read for its next item): on a parse error. */
+static jnode *discard(jnode *n, char *key) {
+    json_free(n);
+    free(key);
+    return NULL;
+}
+
 static jnode *node(jtype type) {
     jnode *n = checked_alloc(sizeof *n);
     n->type = type;
@@ -80,11 +100,12 @@ static char *string(parser *ps) {
     char *out;
     while (more(ps) && *ps->p != '"') ps->p += *ps->p == '\\' && ps->p + 1 < ps->end ? 2 : 1;
     if (!more(ps)) { ps->p = start; fail(ps, "unterminated string"); return NULL; }
+    /* from here every error path frees out */
     out = checked_alloc((size_t)(ps->p - start) + 1);
     ps->p = start;
     while (*ps->p != '"') { /* the closing quote is known to be there */
         char c = *ps->p++;
-        if ((unsigned char)c < 0x20) { fail(ps, "a control character in a string"); return NULL; }
+        if ((unsigned char)c < 0x20) { free(out); fail(ps, "a control character in a string"); return NULL; }
         if (c == '\\') {
             char e = *ps->p++; /* the scan above proved a character follows a backslash */
             switch (e) {
@@ -98,14 +119,14 @@ static char *string(parser *ps) {
                 int k;
                 unsigned code = 0;
                 for (k = 0; k < 4; k++) {
-                    if (ps->p + k >= ps->end || !hexdigit(ps->p[k])) { fail(ps, "a \\u escape without 4 hex digits"); return NULL; }
+                    if (ps->p + k >= ps->end || !hexdigit(ps->p[k])) { free(out); fail(ps, "a \\u escape without 4 hex digits"); return NULL; }
                     code = code * 16 + (unsigned)(ps->p[k] <= '9' ? ps->p[k] - '0' : (ps->p[k] | 0x20) - 'a' + 10);
                 }
                 ps->p += 4;
                 c = code > 0 && code < 0x80 ? (char)code : '?';
                 break;
             }
-            default: ps->p--; fail(ps, "an unknown escape in a string"); return NULL;
+            default: ps->p--; free(out); fail(ps, "an unknown escape in a string"); return NULL;
             }
         }
         out[n++] = c;
@@ -143,7 +164,7 @@ static jnode *number(parser *ps) {
     n = node(J_NUM);
     errno = 0;
     n->num = strtod(buf, NULL);
-    if (n->num > 1.7976931348623157e308 || n->num < -1.7976931348623157e308) { fail(ps, "a number too large for a double"); return NULL; }
+    if (n->num > 1.7976931348623157e308 || n->num < -1.7976931348623157e308) { free(n); fail(ps, "a number too large for a double"); return NULL; }
     if (integral) {
         errno = 0;
         n->integer = strtoll(buf, NULL, 10);
@@ -156,7 +177,7 @@ static jnode *number(parser *ps) {
 static jnode *container(parser *ps, jtype type, char close) {
     jnode *n = node(type);
     long long cap = 0, i;
-    if (++ps->depth > JSON_MAX_DEPTH) { fail(ps, "nested too deeply"); return NULL; }
+    if (++ps->depth > JSON_MAX_DEPTH) { fail(ps, "nested too deeply"); return discard(n, NULL); }
     ps->p++;
     skip(ps);
     if (peek(ps) == close) { ps->p++; ps->depth--; return n; }
@@ -165,24 +186,24 @@ static jnode *container(parser *ps, jtype type, char close) {
         jnode *item;
         skip(ps);
         if (type == J_OBJ) {
-            if (peek(ps) != '"') { fail(ps, "expected a key"); return NULL; }
+            if (peek(ps) != '"') { fail(ps, "expected a key"); return discard(n, NULL); }
+            if (n->len == JSON_MAX_MEMBERS) { fail(ps, "an object of too many members"); return discard(n, NULL); }
             key = string(ps);
-            if (!key) return NULL;
-            if (n->len == JSON_MAX_MEMBERS) { fail(ps, "an object of too many members"); return NULL; }
+            if (!key) return discard(n, NULL);
             for (i = 0; i < n->len; i++) /* quadratic, so members are bounded */
-                if (!strcmp(n->keys[i], key)) { fail(ps, "a duplicate key"); return NULL; }
+                if (!strcmp(n->keys[i], key)) { fail(ps, "a duplicate key"); return discard(n, key); }
             skip(ps);
-            if (peek(ps) != ':') { fail(ps, "expected ':'"); return NULL; }
+            if (peek(ps) != ':') { fail(ps, "expected ':'"); return discard(n, key); }
             ps->p++;
         }
         item = value(ps);
-        if (!item) return NULL;
+        if (!item) return discard(n, key);
         push(n, &cap, item, key);
         skip(ps);
         if (peek(ps) == ',') { ps->p++; continue; }
         if (peek(ps) == close) { ps->p++; ps->depth--; return n; }
         fail(ps, "expected ',' or the closing bracket");
-        return NULL;
+        return discard(n, NULL);
     }
 }
 
@@ -226,7 +247,11 @@ jnode *json_parse(const char *text, size_t len, char *err, int errlen) {
     root = value(&ps);
     skip(&ps);
     if (!ps.failed && more(&ps)) fail(&ps, "trailing text");
-    return ps.failed ? NULL : root;
+    if (ps.failed) {
+        json_free(root);
+        return NULL;
+    }
+    return root;
 }
 
 const jnode *json_get(const jnode *obj, const char *key) {

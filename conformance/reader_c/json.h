@@ -5,7 +5,7 @@
  * raw control characters and only the RFC's escapes (a \u escape of a non-ASCII code
  * point reads as '?': the reader never needs one), duplicate keys are refused, and an object has at
  * most JSON_MAX_MEMBERS members.
- * Nodes are never freed: the reader is a short-lived process. */
+ * The reader never frees its nodes (it is a short-lived process); the fuzz target does. */
 #ifndef VECTORS_JSON_H
 #define VECTORS_JSON_H
 
@@ -29,6 +29,8 @@ typedef struct jnode {
 
 /* Parse len bytes of text; on error return NULL and write a message to err (size errlen). */
 jnode *json_parse(const char *text, size_t len, char *err, int errlen);
+/* Free a tree json_parse returned (NULL is ignored). */
+void json_free(jnode *n);
 /* The member key of an object, or NULL. */
 const jnode *json_get(const jnode *obj, const char *key);
 
