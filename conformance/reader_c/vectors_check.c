@@ -179,13 +179,20 @@ static void shape_is(const array *a, int ndim, const long long *shape, const cha
 
 /* ---- the cache: blocks by (layer, block id), allocated on first touch --------- */
 
-typedef struct { long long key; double *kv; } entry; /* kv: K then V, B * H_kv * D each */
+typedef struct { long long key; double *kv; unsigned char *filled; } entry; /* kv: K then V, B * H_kv * D each; filled: per slot, written */
 typedef struct { entry *e; long long cap, used, row, *values; int B; } store;
 
 static long long probe(const store *st, long long key) {
     unsigned long long i = (unsigned long long)key * 11400714819323198485ULL % (unsigned long long)st->cap;
     while (st->e[i].kv && st->e[i].key != key) i = (i + 1) % (unsigned long long)st->cap;
     return (long long)i;
+}
+
+static entry *entry_of(store *st, long long layer, long long blk) {
+    long long i;
+    if (!st->cap) return NULL;
+    i = probe(st, blk * MAX_LAYERS + layer);
+    return st->e[i].kv ? &st->e[i] : NULL;
 }
 
 /* The block's storage; created (zeros) if absent and create is set. Pointers returned
@@ -208,6 +215,7 @@ static double *block(store *st, long long layer, long long blk, int create) {
     i = probe(st, key);
     st->e[i].key = key;
     st->e[i].kv = alloc(size, sizeof(double));
+    st->e[i].filled = alloc(st->B, 1);
     *st->values += size;
     st->used++;
     return st->e[i].kv;
@@ -294,6 +302,7 @@ static double *slot_row(vec *v, store *st, long long layer, long long slot, int 
 static void store_row(vec *v, long long layer, long long slot, int which, const double *x) {
     double *dst = slot_row(v, &v->cache, layer, slot, which);
     long long d;
+    entry_of(&v->cache, layer, slot / v->B)->filled[slot % v->B] = 1;
     for (d = 0; d < v->cache.row; d++)
         dst[d] = v->quantized ? quantize(x[d], v->scales[layer][which], &v->fmt) : x[d];
 }
@@ -354,6 +363,13 @@ static void attention(vec *v, const jnode *op, long long index) {
     if (v->groups->len) g = v->groups->items[layer]->integer;
     tables = arr(at(arr(field(batch, "group_tables"), "group_tables"), g, "group_tables (by the layer's group)"), "a group's tables");
     if (tables->len < S) die("a group's tables have fewer rows than sequences", NULL);
+    if (arr(field(batch, "group_slots"), "group_slots")->len != field(batch, "group_tables")->len)
+        die("group_slots must have one slot mapping per group", NULL);
+    for (i = 0; i < field(batch, "group_slots")->len; i++) { /* unused here, but a vector's backend reads them */
+        const jnode *gs = arr(field(batch, "group_slots")->items[i], "a group's slot mapping");
+        if (gs->len != T) die("a group's slot mapping must have one slot per query row", NULL);
+        for (k = 0; k < T; k++) int_in(gs->items[k], -1, v->slots - 1, "group_slots (-1 or a slot of the pool)");
+    }
     if (!isnull(var)) {
         if (var->type != J_OBJ) die("variant is not an object or null", NULL);
         if (!isnull(field(var, "window"))) window = ival(var, "window", 1, MAX_CONTEXT);
@@ -451,6 +467,9 @@ static void read_kv(vec *v, const jnode *op, long long index) {
         shape_is(&u, 4, shape, "update [2, len(update_slots), num_kv_heads, head_dim]");
         for (i = 0; i < slots->len; i++) {
             long long slot = int_in(slots->items[i], 0, v->slots - 1, "update_slots");
+            const entry *e = entry_of(&v->cache, layer, slot / v->B);
+            if (!e || !e->filled[slot % v->B]) /* else this reader would be blamed for what the vector never wrote */
+                die("update_slots names a slot the vector's write_kv operations never wrote", NULL);
             for (which = 0; which < 2; which++)
                 memcpy(slot_row(v, &v->expect, layer, slot, which), u.data + (which * slots->len + i) * v->cache.row,
                        sizeof(double) * (size_t)v->cache.row);
@@ -505,6 +524,7 @@ static void copy_blocks(vec *v, const jnode *op) {
         for (layer = 0; layer < v->layers; layer++) {
             double *to = block(&v->cache, layer, dst, 1), *from = block(&v->cache, layer, src, 1);
             memmove(to, from, sizeof(double) * (size_t)(2 * v->B * v->cache.row));
+            memmove(entry_of(&v->cache, layer, dst)->filled, entry_of(&v->cache, layer, src)->filled, (size_t)v->B);
         }
     }
 }
