@@ -105,8 +105,10 @@ def _named_by(value: object, option: Mapping[str, Any], root: Mapping[str, Any])
             target = target[part]
         option = target
     consts = {k: p["const"] for k, p in option.get("properties", {}).items() if "const" in p}
-    return isinstance(value, dict) and bool(consts) and all(
-        _same(value.get(k), c) for k, c in consts.items()
+    return (
+        isinstance(value, dict)
+        and bool(consts)
+        and all(_same(value.get(k), c) for k, c in consts.items())
     )
 
 

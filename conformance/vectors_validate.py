@@ -99,7 +99,8 @@ def _check_geometry(g: Mapping[str, Any], made: Mapping[str, Any], where: str) -
         scales = g["kv_scales"]
         if len(scales) != g["num_layers"]:
             raise VectorError(f"{where}: geometry.kv_scales must hold one pair per layer")
-        as32 = np.asarray(scales, dtype=np.float64).astype(np.float32)
+        with np.errstate(over="ignore"):  # a scale past float32's range becomes inf: refused
+            as32 = np.asarray(scales, dtype=np.float64).astype(np.float32)
         if not (np.isfinite(as32).all() and (as32 > 0).all()):
             raise VectorError(f"{where}: geometry.kv_scales: a scale is not a positive float32")
 

@@ -102,6 +102,22 @@ static const jnode *field(const jnode *obj, const char *key) {
     return n;
 }
 static int isnull(const jnode *n) { return !n || n->type == J_NULL; }
+/* obj is an object with exactly the fields of the space-separated list (all are required). */
+static void exactly(const jnode *obj, const char *fields, const char *what) {
+    char name[64];
+    const char *p = fields;
+    long long count = 0;
+    if (!obj || obj->type != J_OBJ) die("not an object", what);
+    while (*p) {
+        size_t n = strcspn(p, " ");
+        snprintf(name, sizeof name, "%.*s", (int)n, p);
+        field(obj, name);
+        count++;
+        p += n;
+        while (*p == ' ') p++;
+    }
+    if (obj->len != count) die("an unknown field in", what); /* keys are unique: the parser refuses duplicates */
+}
 /* An integer written as one (no fraction, exponent or bool) in lo..hi. */
 static long long int_in(const jnode *n, long long lo, long long hi, const char *what) {
     if (!n || n->type != J_NUM || !n->is_int) die("not an integer", what);
@@ -348,6 +364,8 @@ static void attention(vec *v, const jnode *op, long long index) {
     const jnode *sinks = NULL, *slopes = NULL;
     if (!v->H) die("an attention operation in a vector whose num_heads is null", NULL);
     ratio = v->H / v->hkv;
+    exactly(op, "op step layer scale variant batch query expected", "an attention operation");
+    exactly(batch, "block_size seq_ids query_start_loc seq_lens positions copies group_tables group_slots", "batch");
     step_of(op);
     if (ival(batch, "block_size", v->B, v->B) != v->B) die("batch.block_size", NULL);
     T = pos->len;
@@ -371,7 +389,7 @@ static void attention(vec *v, const jnode *op, long long index) {
         for (k = 0; k < T; k++) int_in(gs->items[k], -1, v->slots - 1, "group_slots (-1 or a slot of the pool)");
     }
     if (!isnull(var)) {
-        if (var->type != J_OBJ) die("variant is not an object or null", NULL);
+        exactly(var, "window softcap sinks alibi_slopes", "variant");
         if (!isnull(field(var, "window"))) window = ival(var, "window", 1, MAX_CONTEXT);
         if (!isnull(field(var, "softcap"))) cap = num_of(field(var, "softcap"), 1, "softcap");
         sinks = per_head(v, var, "sinks");
@@ -456,6 +474,7 @@ static void read_kv(vec *v, const jnode *op, long long index) {
     const jnode *blocks = field(op, "blocks"), *slots = arr(field(op, "update_slots"), "update_slots");
     long long layer = layer_of(v, op), i, n, j, per = v->B * v->cache.row;
     int which;
+    exactly(op, "op step layer blocks update_slots update", "a read_kv operation");
     step_of(op);
     if (!isnull(blocks)) arr(blocks, "blocks");
     else if (v->num_blocks > MAX_WHOLE_POOL) die("past this reader's limit", "blocks in a read of the whole pool");
@@ -497,6 +516,7 @@ static void write_kv(vec *v, const jnode *op) {
     long long layer = layer_of(v, op), j, rows, row = v->cache.row;
     array kv;
     int which;
+    exactly(op, "op step layer slot_mapping kv tokens", "a write_kv operation");
     step_of(op);
     kv = load_npy(field(op, "kv"));
     rows = kv.ndim == 4 ? kv.shape[1] : 0;
@@ -514,6 +534,7 @@ static void write_kv(vec *v, const jnode *op) {
 static void copy_blocks(vec *v, const jnode *op) {
     const jnode *copies = arr(field(op, "copies"), "copies");
     long long c, layer;
+    exactly(op, "op step copies", "a copy_blocks operation");
     step_of(op);
     for (c = 0; c < copies->len; c++) {
         const jnode *pair = arr(copies->items[c], "copies[i]");
@@ -531,6 +552,7 @@ static void copy_blocks(vec *v, const jnode *op) {
 
 static void finish(vec *v, const jnode *op, long long i) {
     double n = (double)v->met.count, mean, allowed, lean;
+    exactly(op, "op step", "a finish operation");
     step_of(op);
     if (v->met.count < v->tol.min_samples) return;
     mean = v->met.abs_sum / n;
@@ -545,7 +567,11 @@ static void geometry(vec *v, const jnode *g, const jnode *made) {
     const char *names[] = {"num_layers", "block_size", "num_kv_heads", "head_dim"};
     const long long highs[] = {MAX_LAYERS, MAX_BLOCK_SIZE, MAX_HEADS, MAX_HEAD_DIM};
     long long values[4], i;
-    const char *dtype = sval(g, "dtype");
+    const char *dtype = sval(g, "dtype"), *all = "num_layers num_blocks block_size num_kv_heads head_dim dtype kv_dtype kv_scales layer_groups";
+    exactly(g, all, "geometry");
+    exactly(made, all, "create_cache's geometry");
+    exactly(field(v->m, "tolerance"), "rule dtype mantissa_bits min_normal_exponent magnitude_floor ratio floor_ulps mean_ratio "
+            "mean_floor_ulps bias_limit_ulps bias_clip_ulps min_samples", "tolerance");
     for (i = 0; i < 4; i++) {
         values[i] = ival(g, names[i], 1, highs[i]);
         if (ival(made, names[i], values[i], values[i]) != values[i]) die("create_cache's geometry differs", names[i]);
@@ -615,10 +641,13 @@ static int run_vector(const char *manifest) {
         die("not a paged-spec-vectors manifest", manifest);
     version = field(v.m, "version");
     if (version->type != J_NUM || !version->is_int || version->integer != 1) die("not a manifest of version 1", manifest);
+    exactly(v.m, "format version example source geometry num_heads scale scale_regime layer_variants tolerance operations", "the manifest");
+    exactly(field(v.m, "source"), "profile seed passes suite", "source");
     ops = arr(field(v.m, "operations"), "operations");
     if (ops->len < 2) die("a vector needs create_cache and at least one more operation", "operations");
     if (ops->items[0]->type != J_OBJ || strcmp(sval(ops->items[0], "op"), "create_cache"))
         die("the first operation must be create_cache", NULL);
+    exactly(ops->items[0], "op geometry", "create_cache");
     g = field(v.m, "geometry");
     geometry(&v, g, field(ops->items[0], "geometry"));
     kv_format(&v, g, field(ops->items[0], "geometry"));
