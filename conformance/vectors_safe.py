@@ -133,6 +133,6 @@ def _check_depth(value: object, where: str) -> None:
         children = (
             item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
         )
-        if children and depth >= MAX_DEPTH:
+        if isinstance(item, dict | list) and depth >= MAX_DEPTH:
             raise VectorError(f"{where}: not strict JSON: nested deeper than {MAX_DEPTH}")
         stack.extend((child, depth + 1) for child in children)

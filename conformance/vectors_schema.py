@@ -45,7 +45,13 @@ def _is(value: object, kind: str) -> bool:
     if kind == "number":
         number = isinstance(value, int | float) and not isinstance(value, bool)
         return number and math.isfinite(value)  # type: ignore[arg-type]
-    types = {"string": str, "array": list, "object": dict, "null": type(None), "boolean": bool}
+    types: dict[str, type[Any]] = {
+        "string": str,
+        "array": list,
+        "object": dict,
+        "null": type(None),
+        "boolean": bool,
+    }
     return isinstance(value, types[kind])
 
 
@@ -77,9 +83,9 @@ def _check(value: object, rule: Mapping[str, Any], root: Mapping[str, Any], at: 
         return f"{name}: {value!r} does not match {rule['pattern']}"
     if _is(value, "number"):
         low, above = rule.get("minimum"), rule.get("exclusiveMinimum")
-        if low is not None and value < low:  # type: ignore[operator]
+        if low is not None and value < low:
             return f"{name}: {value!r} is less than {low}"
-        if above is not None and value <= above:  # type: ignore[operator]
+        if above is not None and value <= above:
             return f"{name}: {value!r} is not greater than {above}"
     return None
 

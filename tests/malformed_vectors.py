@@ -25,6 +25,7 @@ from vectors_fixtures import Exported, manifests
 from conformance.vectors_format import load_array, save_array
 
 Manifest = dict[str, Any]
+Edit = Callable[[Manifest, Path], object]  # what it returns is ignored
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Case:
     """One way to break a vector: ``edit`` changes the copy's manifest (or files) in place."""
 
     name: str
-    edit: Callable[[Manifest, Path], None]
+    edit: Edit
     fp8: bool = False  # mutate a vector with an fp8 cache and two layers
 
 
@@ -40,7 +41,7 @@ def ops(m: Manifest, kind: str) -> list[dict[str, Any]]:
     return [o for o in m["operations"] if o["op"] == kind]
 
 
-def _raw(text: str) -> Callable[[Manifest, Path], None]:
+def _raw(text: str) -> Edit:
     """Replace the whole manifest file with ``text`` (written after the edit)."""
 
     def edit(m: Manifest, d: Path) -> None:
@@ -50,7 +51,7 @@ def _raw(text: str) -> Callable[[Manifest, Path], None]:
     return edit
 
 
-def _sub(old: str, new: str) -> Callable[[Manifest, Path], None]:
+def _sub(old: str, new: str) -> Edit:
     """Replace the first ``old`` in the manifest's JSON text by ``new``."""
 
     def edit(m: Manifest, d: Path) -> None:
@@ -62,7 +63,7 @@ def _sub(old: str, new: str) -> Callable[[Manifest, Path], None]:
     return edit
 
 
-def _set(path: str, value: object) -> Callable[[Manifest, Path], None]:
+def _set(path: str, value: object) -> Edit:
     """Set a field given as ``kind:key.key[i]`` (``kind`` the first operation of that kind)."""
 
     def edit(m: Manifest, d: Path) -> None:
@@ -82,7 +83,7 @@ def _set(path: str, value: object) -> Callable[[Manifest, Path], None]:
     return edit
 
 
-def _both_geometries(key: str, value: object) -> Callable[[Manifest, Path], None]:
+def _both_geometries(key: str, value: object) -> Edit:
     def edit(m: Manifest, d: Path) -> None:
         m["geometry"][key] = value
         m["operations"][0]["geometry"][key] = value
@@ -90,7 +91,7 @@ def _both_geometries(key: str, value: object) -> Callable[[Manifest, Path], None
     return edit
 
 
-def _array(kind: str, key: str, change: Callable[[Path], None]) -> Callable[[Manifest, Path], None]:
+def _array(kind: str, key: str, change: Callable[[Path], object]) -> Edit:
     def edit(m: Manifest, d: Path) -> None:
         path = d / ops(m, kind)[0][key]
         path.unlink()  # hard-linked: never change the source's file
@@ -99,9 +100,7 @@ def _array(kind: str, key: str, change: Callable[[Path], None]) -> Callable[[Man
     return edit
 
 
-def _values(
-    kind: str, key: str, fn: Callable[[np.ndarray[Any, Any]], None]
-) -> Callable[[Manifest, Path], None]:
+def _values(kind: str, key: str, fn: Callable[[np.ndarray[Any, Any]], None]) -> Edit:
     def edit(m: Manifest, d: Path) -> None:
         path = d / ops(m, kind)[0][key]
         data = load_array(path).copy()
@@ -120,7 +119,7 @@ def _npy(header: str, body: bytes = b"") -> Callable[[Path], None]:
     return write
 
 
-def _link(kind: str, key: str, target: str) -> Callable[[Manifest, Path], None]:
+def _link(kind: str, key: str, target: str) -> Edit:
     def edit(m: Manifest, d: Path) -> None:
         path = d / ops(m, kind)[0][key]
         path.unlink()
@@ -139,6 +138,11 @@ def _arrays_dir_outside(m: Manifest, d: Path) -> None:
 def _sparse(path: Path) -> None:
     with path.open("wb") as f:
         f.truncate(300 << 20)  # past the 256 MiB limit; no disk used
+
+
+def _heads_3_of_2(m: Manifest, d: Path) -> None:
+    _both_geometries("num_kv_heads", 2)(m, d)
+    m["num_heads"] = 3
 
 
 def _drop_first_write_slot(m: Manifest, d: Path) -> None:
@@ -172,8 +176,7 @@ NAMED: list[Case] = [
     Case("num_layers 2.5", _both_geometries("num_layers", 2.5)),
     Case("num_heads 0", _set("num_heads", 0)),
     Case(
-        "num_heads not a multiple of num_kv_heads",
-        lambda m, d: (_both_geometries("num_kv_heads", 2)(m, d), m.__setitem__("num_heads", 3)),
+        "num_heads not a multiple of num_kv_heads", _heads_3_of_2),
     ),
     Case("block_size 0", _both_geometries("block_size", 0)),
     Case("head_dim 0", _both_geometries("head_dim", 0)),
@@ -283,21 +286,41 @@ NAMED: list[Case] = [
 ]
 
 
-def _deletions(m: Manifest) -> Iterator[tuple[str, Callable[[Manifest, Path], None]]]:
+def _part(kind: str) -> Callable[[Manifest], dict[str, Any]]:
+    """The object ``kind`` names: the manifest, a top-level field, an operation, or its batch."""
+
+    def get(m: Manifest) -> dict[str, Any]:
+        if kind == "manifest":
+            return m
+        if kind in ("source", "geometry", "tolerance"):
+            part: dict[str, Any] = m[kind]
+            return part
+        if kind == "batch":
+            batch: dict[str, Any] = ops(m, "attention")[0]["batch"]
+            return batch
+        return ops(m, kind)[0]
+
+    return get
+
+
+def _without(kind: str, key: str) -> Edit:
+    return lambda m, d: _part(kind)(m).pop(key)
+
+
+def _with_extra(kind: str) -> Edit:
+    return lambda m, d: _part(kind)(m).__setitem__("extra", 0)
+
+
+_OBJECTS = "manifest source geometry tolerance create_cache write_kv copy_blocks attention"
+_OBJECTS += " read_kv finish batch"
+
+
+def _deletions(m: Manifest) -> Iterator[tuple[str, Edit]]:
     """Delete each field of the manifest and of the first operation of each kind; add one."""
-
-    def objects() -> Iterator[tuple[str, Callable[[Manifest], dict[str, Any]]]]:
-        yield "manifest", lambda x: x
-        for key in ("source", "geometry", "tolerance"):
-            yield key, lambda x, key=key: x[key]
-        for kind in ("create_cache", "write_kv", "copy_blocks", "attention", "read_kv", "finish"):
-            yield kind, lambda x, kind=kind: ops(x, kind)[0]
-        yield "batch", lambda x: ops(x, "attention")[0]["batch"]
-
-    for name, get in objects():
-        for key in get(m):
-            yield f"{name} without {key}", lambda x, d, get=get, key=key: get(x).pop(key)
-        yield f"{name} with an unknown field", lambda x, d, get=get: get(x).__setitem__("extra", 0)
+    for kind in _OBJECTS.split():
+        for key in _part(kind)(m):
+            yield f"{kind} without {key}", _without(kind, key)
+        yield f"{kind} with an unknown field", _with_extra(kind)
 
 
 def systematic(source: Path) -> list[Case]:
