@@ -175,9 +175,7 @@ NAMED: list[Case] = [
     Case("version 2", _set("version", 2)),
     Case("num_layers 2.5", _both_geometries("num_layers", 2.5)),
     Case("num_heads 0", _set("num_heads", 0)),
-    Case(
-        "num_heads not a multiple of num_kv_heads", _heads_3_of_2),
-    ),
+    Case("num_heads not a multiple of num_kv_heads", _heads_3_of_2),
     Case("block_size 0", _both_geometries("block_size", 0)),
     Case("head_dim 0", _both_geometries("head_dim", 0)),
     Case("block_size huge", _both_geometries("block_size", 1 << 40)),
