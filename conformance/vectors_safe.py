@@ -20,7 +20,7 @@ error, exit status 2) naming the file and what is wrong.
 >>> parse_json(b'{"a": NaN}', "m.json")
 Traceback (most recent call last):
 ...
-conformance.vectors_safe.VectorError: m.json: not strict JSON: NaN is not a JSON number
+conformance.vectors_safe.VectorError: m.json: not valid JSON: NaN is not a JSON number
 """
 
 from __future__ import annotations
@@ -118,9 +118,9 @@ def parse_json(data: bytes, where: str) -> object:
             object_pairs_hook=_object,
         )
     except RecursionError:
-        raise VectorError(f"{where}: not strict JSON: nested deeper than {MAX_DEPTH}") from None
+        raise VectorError(f"{where}: not valid JSON: nested deeper than {MAX_DEPTH}") from None
     except (ValueError, UnicodeDecodeError) as err:
-        raise VectorError(f"{where}: not strict JSON: {err}") from err
+        raise VectorError(f"{where}: not valid JSON: {err}") from err
     _check_depth(value, where)
     return value
 
@@ -134,5 +134,5 @@ def _check_depth(value: object, where: str) -> None:
             item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
         )
         if isinstance(item, dict | list) and depth >= MAX_DEPTH:
-            raise VectorError(f"{where}: not strict JSON: nested deeper than {MAX_DEPTH}")
+            raise VectorError(f"{where}: not valid JSON: nested deeper than {MAX_DEPTH}")
         stack.extend((child, depth + 1) for child in children)

@@ -11,7 +11,9 @@ written without a fraction), and a number must be finite. The tests check
 that ``jsonschema`` rejects what this rejects.
 
 >>> schema_error({"format": "paged-spec-vectors", "version": True})
-'version: True is not 1'
+'example: missing'
+>>> schema_error([1])
+'manifest: [1] is not of type object'
 """
 
 from __future__ import annotations
