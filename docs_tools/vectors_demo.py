@@ -59,7 +59,7 @@ def _c_reader(vectors: Path, tmp: Path) -> str:
     if compiler is None:
         return "C reader: not run (no C compiler on PATH)"
     exe = tmp / "vectors_check"
-    sources = [str(READER / "vectors_check.c"), str(READER / "json.c")]
+    sources = [str(READER / name) for name in ("vectors_check.c", "json.c", "npy.c")]
     subprocess.run([compiler, "-std=c99", "-O2", "-o", str(exe), *sources, "-lm"], check=True)
     manifests = [str(p) for p in sorted(vectors.glob("*/manifest.json"))]
     done = subprocess.run([str(exe), *manifests], capture_output=True, text=True, check=False)

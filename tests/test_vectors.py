@@ -218,7 +218,7 @@ def test_check_of_corrupt_vectors(
     attention = next(op for op in broken["operations"] if op["op"] == "attention")
     attention["batch"]["seq_lens"] = [0] * len(attention["batch"]["seq_lens"])
     path.write_text(json.dumps(broken))
-    _check_error(argv, capsys, "operations[", "(attention): malformed")
+    _check_error(argv, capsys, "operations[", "seq_lens[0]: 0 is less than 1")
     path.write_text(good)
     array = root / "0000" / manifest["operations"][1]["kv"]
     array.write_bytes(array.read_bytes()[:-4])

@@ -29,7 +29,7 @@ needs_compiler = pytest.mark.skipif(
 def reader(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert COMPILER is not None
     exe = tmp_path_factory.mktemp("reader_c") / "vectors_check"
-    sources = [str(SOURCES / "vectors_check.c"), str(SOURCES / "json.c")]
+    sources = [str(SOURCES / name) for name in ("vectors_check.c", "json.c", "npy.c")]
     flags = ["-std=c99", "-O2", "-Wall", "-Wextra", "-pedantic", "-Werror"]
     subprocess.run([COMPILER, *flags, "-o", str(exe), *sources, "-lm"], check=True)
     return exe

@@ -57,6 +57,8 @@ from conformance.vectors.format import (
     read_manifest,
     vector_dirs,
 )
+from conformance.vectors.safe import confined
+from conformance.vectors.validate import check_values
 from spec.attention import AttentionVariant
 from spec.backend import Backend, Capabilities, KVGeometry
 from spec.batch import BatchMetadata, GroupLayout
@@ -76,6 +78,7 @@ class _Vector:
         where = str(directory / "manifest.json")
         self.manifest = m
         self.dtype = check_tolerance(where, m.get("tolerance"))
+        check_values(m, where)
         try:
             self.geometry = _geometry(m["geometry"])
             heads = m["num_heads"]  # None: the example ran no attention
@@ -92,9 +95,11 @@ class _Vector:
         self.backend_geometry = _geometry(self.ops[0]["geometry"])
 
     def array(self, name: object, where: str) -> NDArray[Any]:
-        if not isinstance(name, str) or ".." in Path(name).parts:
-            raise VectorError(f"{self.dir}: {where}: {name!r} is not an array path")
-        return load_array(self.dir / name)
+        """An array the manifest names: inside the vector directory, every value finite."""
+        out = load_array(confined(self.dir, name, f"{self.dir}: {where}"))
+        if not np.isfinite(out).all():
+            raise VectorError(f"{self.dir}: {where}: {name} holds a NaN or infinite value")
+        return out
 
 
 def unsupported(caps: Capabilities, backend: Backend, vector: _Vector) -> str | None:
@@ -143,6 +148,7 @@ class _Replay:
         self.step = 0
         self.index = 0
         self.owners: dict[int, tuple[int, int]] = {}
+        self.written: dict[int, set[int]] = {}  # per layer: the slots the vector's writes filled
         self.image: dict[tuple[int, int], tuple[F64, F64]] = {}
         self.meter = ExampleMeter(vector.dtype)
         self.pending: list[_Judged] = []  # outputs run, judged after the step's reads
@@ -197,6 +203,7 @@ class _Replay:
         if bad:
             raise ValueError(f"slot {bad[0]} is outside -1..{top - 1}")
         self._call("write_kv", self.backend.write_kv, layer, kv[0], kv[1], slots)
+        self.written.setdefault(layer, set()).update(s for s in slots if s >= 0)
         last = (max(slots, default=0) + 1) * g.num_kv_heads * g.head_dim - 1
         self.stats.coverage.note_step(num_seqs=0, decodes=0, max_offset=last)
         for (seq_id, pos), slot in zip(op.get("tokens") or (), slots, strict=False):
@@ -214,6 +221,13 @@ class _Replay:
                     self.owners.pop(dst * b + off, None)
                 else:
                     self.owners[dst * b + off] = owner
+        for filled in self.written.values():
+            for src, dst in copies:
+                for off in range(b):
+                    if src * b + off in filled:
+                        filled.add(dst * b + off)
+                    else:
+                        filled.discard(dst * b + off)
         if copies:
             self.checks["copy lists executed"] += len(copies)
 
@@ -227,7 +241,12 @@ class _Replay:
         batch.validate(
             v.backend_geometry.num_blocks
         )  # a malformed vector is not the backend's fault
-        if expected.shape != (2, *query.shape) or query.shape[0] != batch.num_tokens:
+        heads = (v.num_heads, v.geometry.head_dim)
+        if (
+            expected.shape != (2, *query.shape)
+            or query.shape[0] != batch.num_tokens
+            or query.shape[1:] != heads
+        ):
             raise VectorError(
                 f"{v.dir}: operations[{self.index}]: query {query.shape} and expected "
                 f"{expected.shape} do not fit a batch of {batch.num_tokens} tokens"
@@ -341,6 +360,12 @@ class _Replay:
             raise VectorError(
                 f"{self.vector.dir}: operations[{self.index}]: update has shape {update.shape}, "
                 f"expected {(2, len(slots), *row)}"
+            )
+        unwritten = [s for s in slots if s not in self.written.get(layer, ())]
+        if unwritten:  # the image would blame the backend for what the vector never wrote
+            raise VectorError(
+                f"{self.vector.dir}: operations[{self.index}].update_slots: slot {unwritten[0]} "
+                f"of layer {layer} was never written by the vector's write_kv operations"
             )
         for j, slot in enumerate(int(s) for s in slots):
             key = (layer, slot // b)

@@ -33,8 +33,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from conformance.errors import SetupError
 from conformance.judges import numerics
+from conformance.vectors.safe import (
+    MAX_ARRAY_BYTES,
+    MAX_MANIFEST_BYTES,
+    VectorError,
+    parse_json,
+    read_bounded,
+)
+from conformance.vectors.schema_check import schema_error
+
+__all__ = ["VectorError", "load_array", "read_manifest", "save_array", "tolerance"]
 
 FORMAT = "paged-spec-vectors"
 VERSION = 1
@@ -43,10 +52,7 @@ ARRAYS = "arrays"
 _MAGIC = b"\x93NUMPY\x01\x00"
 _DTYPES = {"<f4": np.float32, "<f8": np.float64}
 TOLERANCE_RULE = "same-precision-ulps"
-
-
-class VectorError(SetupError):
-    """A vector directory, manifest or array is missing, malformed or of another version."""
+_MAX_DIMS = 8
 
 
 def save_array(path: Path, array: NDArray[Any]) -> None:
@@ -62,17 +68,16 @@ def save_array(path: Path, array: NDArray[Any]) -> None:
 
 def load_array(path: Path) -> NDArray[Any]:
     """Read a ``.npy`` of the documented subset; :class:`VectorError` names what is wrong."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise VectorError(f"{path}: cannot read the array: {err}") from err
+    data = read_bounded(path, MAX_ARRAY_BYTES, str(path))
     if data[:8] != _MAGIC:
         raise VectorError(f"{path}: not a version 1.0 .npy file (magic bytes {data[:8]!r})")
     size = int.from_bytes(data[8:10], "little")
     try:
         header = ast.literal_eval(data[10 : 10 + size].decode("latin1"))
         descr, fortran, shape = header["descr"], header["fortran_order"], tuple(header["shape"])
-    except (ValueError, SyntaxError, KeyError, TypeError) as err:
+        if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > _MAX_DIMS:
+            raise ValueError(f"shape {shape!r} is not a tuple of at most {_MAX_DIMS} sizes")
+    except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError) as err:
         raise VectorError(f"{path}: unreadable .npy header: {err}") from err
     if descr not in _DTYPES or fortran is not False:
         raise VectorError(
@@ -135,20 +140,18 @@ def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """A vector's manifest, checked for the format and version; :class:`VectorError` if not."""
+    """A vector's manifest: strict JSON of bounded size, of this format and version, valid by
+    the schema (conformance/vectors/schema/vectors.schema.json); :class:`VectorError` if not."""
     path = directory / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except OSError as err:
-        raise VectorError(f"{path}: cannot read the manifest: {err}") from err
-    except ValueError as err:
-        raise VectorError(f"{path}: not valid JSON: {err}") from err
+    manifest = parse_json(read_bounded(path, MAX_MANIFEST_BYTES, str(path)), str(path))
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise VectorError(f'{path}: not a {FORMAT} manifest (no "format": "{FORMAT}")')
-    if manifest.get("version") != VERSION:
-        raise VectorError(
-            f"{path}: format version {manifest.get('version')!r}, this reader reads {VERSION}"
-        )
+    version = manifest.get("version")
+    if type(version) is not int or version != VERSION:
+        raise VectorError(f"{path}: format version {version!r}, this reader reads {VERSION}")
+    error = schema_error(manifest)
+    if error:
+        raise VectorError(f"{path}: {error} (conformance/vectors/schema/vectors.schema.json)")
     return manifest
 
 

@@ -1,0 +1,138 @@
+"""Reading test-vector files as hostile input: confined paths, bounded sizes, strict JSON.
+
+A vector directory may come from anywhere, so nothing in it is trusted:
+
+* an array a manifest names must be ``arrays/NNN.npy``, a regular file (not a
+  symbolic link) whose resolved path lies inside the resolved vector
+  directory (:func:`confined`);
+* a file's size is checked before it is read, and a file larger than its
+  limit, or one that is not a regular file (``/dev/zero``, a FIFO), is
+  refused without reading it (:func:`read_bounded`);
+* a manifest is strict JSON (RFC 8259): no ``NaN`` or ``Infinity``, no number
+  too large for a double, no duplicate key, nesting at most
+  :data:`MAX_DEPTH` deep (:func:`parse_json`).
+
+Every refusal is a :class:`VectorError` (a setup
+error, exit status 2) naming the file and what is wrong.
+
+>>> parse_json(b'{"a": [1, 2.5]}', "m.json")
+{'a': [1, 2.5]}
+>>> parse_json(b'{"a": NaN}', "m.json")
+Traceback (most recent call last):
+...
+conformance.vectors.safe.VectorError: m.json: not valid JSON: NaN is not a JSON number
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from pathlib import Path
+
+from conformance.errors import SetupError
+
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_ARRAY_BYTES = 256 << 20
+MAX_DEPTH = 64
+ARRAY_NAME = re.compile(r"arrays/[0-9]+\.npy")
+
+
+class VectorError(SetupError):
+    """A vector directory, manifest or array is missing, malformed or of another version."""
+
+
+def confined(directory: Path, name: object, where: str) -> Path:
+    """The path of array ``name`` inside ``directory``; refused if it could lead outside.
+
+    The name must be ``arrays/NNN.npy`` (so neither absolute nor holding
+    ``..``), neither ``arrays`` nor the file may be a symbolic link, and the
+    resolved path must lie inside the resolved directory.
+    """
+    if not isinstance(name, str) or not ARRAY_NAME.fullmatch(name):
+        raise VectorError(f"{where}: {name!r} is not an array path of the form arrays/NNN.npy")
+    path = directory / name
+    for part in (directory / "arrays", path):
+        if part.is_symlink():
+            raise VectorError(f"{where}: {part} is a symbolic link (refused)")
+    try:
+        real, root = path.resolve(strict=True), directory.resolve(strict=True)
+    except OSError as err:
+        raise VectorError(f"{where}: cannot resolve {path}: {err}") from err
+    if not real.is_relative_to(root):
+        raise VectorError(f"{where}: {path} resolves outside the vector directory")
+    return path
+
+
+def read_bounded(path: Path, limit: int, where: str) -> bytes:
+    """The bytes of regular file ``path``, at most ``limit`` of them, checked before reading."""
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        raise VectorError(f"{where}: cannot read {path}: {err}") from err
+    if stat.S_ISLNK(info.st_mode):
+        raise VectorError(f"{where}: {path} is a symbolic link (refused)")
+    if not stat.S_ISREG(info.st_mode):
+        raise VectorError(f"{where}: {path} is not a regular file")
+    if info.st_size > limit:
+        raise VectorError(f"{where}: {path} has {info.st_size} bytes, past the limit of {limit}")
+    try:
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise VectorError(f"{where}: cannot read {path}: {err}") from err
+    if len(data) > limit:
+        raise VectorError(f"{where}: {path} grew past the limit of {limit} bytes while read")
+    return data
+
+
+def _constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large for a double")
+    return value
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def parse_json(data: bytes, where: str) -> object:
+    """Strict JSON (see the module docstring); :class:`VectorError` names what is wrong."""
+    try:
+        value = json.loads(
+            data.decode("utf-8"),
+            parse_constant=_constant,
+            parse_float=_finite,
+            object_pairs_hook=_object,
+        )
+    except RecursionError:
+        raise VectorError(f"{where}: not valid JSON: nested deeper than {MAX_DEPTH}") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise VectorError(f"{where}: not valid JSON: {err}") from err
+    _check_depth(value, where)
+    return value
+
+
+def _check_depth(value: object, where: str) -> None:
+    """Nesting at most MAX_DEPTH, walked without recursion (so a deep value cannot overflow)."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        if isinstance(item, dict | list) and depth >= MAX_DEPTH:
+            raise VectorError(f"{where}: not valid JSON: nested deeper than {MAX_DEPTH}")
+        stack.extend((child, depth + 1) for child in children)
