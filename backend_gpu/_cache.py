@@ -30,13 +30,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from backend_gpu.kernels._fp8 import FP8_TORCH
-from spec.backend import TENSOR_KINDS, FloatArray, KVGeometry
-from spec.batch import BatchMetadata
-from spec.errors import InvalidRequestError
-from spec.kv_memory import LAZY_ELEMENTS
-from spec.validate import check_choice
+from spec.attention import PLAIN, AttentionVariant
+from spec.backend import TENSOR_KINDS, FloatArray, KVGeometry, check_kv_values
+from spec.batch import BatchMetadata, check_copies
+from spec.errors import ArgumentTypeError, ArgumentValueError, InvalidRequestError
+from spec.kv_memory import LAZY_ELEMENTS, check_slot_mapping
+from spec.validate import check_choice, check_instance, check_int, check_ints, check_scale
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -76,7 +78,8 @@ class TorchKVCache:
         return g.kv_scales[layer] if g.kv_dtype else (1.0, 1.0)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This layer's K and V tensors (the live storage, not copies)."""
+        """This layer's K and V tensors (the live storage, not copies); ``True`` is not layer 1."""
+        layer = check_int("layer", layer)
         if not 0 <= layer < self.geometry.num_layers:
             raise InvalidRequestError(f"layer {layer} is outside 0..{self.geometry.num_layers - 1}")
         return self.k[layer], self.v[layer]
@@ -90,7 +93,8 @@ class TorchKVCache:
             raise InvalidRequestError(
                 f"{name} has shape {x.shape}, expected [>= {min_rows}, {heads}, {d}]"
             )
-        host = torch.from_numpy(np.array(x, dtype=np.float32))  # our copy: inputs are read-only
+        with np.errstate(over="ignore"):  # a value that overflows a written row is refused later
+            host = torch.from_numpy(np.array(x, dtype=np.float32))  # our copy: inputs are read-only
         return host.to(device=self.device, dtype=self.dtype)
 
     def device_tensor(
@@ -106,24 +110,29 @@ class TorchKVCache:
             raise InvalidRequestError(f"{name} has shape {tuple(t.shape)}, expected {want}")
         return t
 
-    def slots(self, slot_mapping: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """The slot mapping as int64 on the device, each slot in the pool or ``-1``.
+    def slots(self, slot_mapping: object) -> tuple[torch.Tensor, NDArray[np.int64] | None]:
+        """The slot mapping as int64 on the device (and on the host, when it came from there).
 
-        A tensor (the device contract) must already be int64 on this device.
+        The spec's rule (:func:`spec.kv_memory.check_slot_mapping`): ints only,
+        each a slot of the pool or ``-1``, no slot twice. A tensor (the device
+        contract) must already be int64 on this device; it is checked there.
         """
         num_slots = self.geometry.num_blocks * self.geometry.block_size
         if isinstance(slot_mapping, torch.Tensor):
             t = self._on_device("slot_mapping", slot_mapping, torch.int64).reshape(-1)
             bad_t = (t != -1) & ((t < 0) | (t >= num_slots))
             if bool(bad_t.any()):
-                first = int(t[bad_t][0])
-                raise InvalidRequestError(f"slot {first} is outside 0..{num_slots - 1}")
-            return t
-        slots = np.asarray(slot_mapping, dtype=np.int64).reshape(-1)
-        bad = (slots != -1) & ((slots < 0) | (slots >= num_slots))
-        if bad.any():
-            raise InvalidRequestError(f"slot {int(slots[bad][0])} is outside 0..{num_slots - 1}")
-        return torch.from_numpy(slots).to(self.device)
+                i = int(torch.nonzero(bad_t)[0, 0])
+                raise ArgumentValueError(
+                    f"slot_mapping[{i}] is {int(t[i])}: slot {int(t[i])} is outside "
+                    f"0..{num_slots - 1} (and is not -1, the padding slot)"
+                )
+            used = t[t != -1]
+            if int(torch.unique(used).numel()) != int(used.numel()):
+                check_slot_mapping(t.cpu().tolist(), num_slots)  # names the repeated slot
+            return t, None
+        slots = check_slot_mapping(slot_mapping, num_slots)
+        return torch.from_numpy(slots).to(self.device), slots
 
     def _on_device(self, name: str, x: object, dtype: torch.dtype) -> torch.Tensor:
         """``x``, checked to be a tensor of ``dtype`` on this device (the device contract)."""
@@ -160,12 +169,8 @@ class TorchKVCache:
     def blocks(self, layer: int, blocks: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of just ``blocks`` as new tensors on the device, in the cache dtype."""
         k, v = self.layer(layer)
-        ids = np.asarray(blocks, dtype=np.int64).reshape(-1)
-        if ((ids < 0) | (ids >= self.geometry.num_blocks)).any():
-            raise InvalidRequestError(
-                f"blocks {ids.tolist()} not all in 0..{self.geometry.num_blocks - 1}"
-            )
-        index = torch.from_numpy(ids).to(self.device)
+        ids = check_ints("blocks", blocks, low=0, high=self.geometry.num_blocks - 1)
+        index = torch.tensor(ids, dtype=torch.int64, device=self.device)
         return k[index], v[index]  # advanced indexing: copies, never views
 
 
@@ -207,27 +212,64 @@ class TorchCacheBackend:
         return self._cache
 
     def _kv_inputs(
-        self, layer: int, key: object, value: object, slot_mapping: Sequence[int] | torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(k, v, k_cache, v_cache)`` for a KV write: new tokens on the device, live storage."""
+        self, layer: int, key: object, value: object, slot_mapping: object
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(k, v, slots, k_cache, v_cache)`` for a KV write, every argument checked first.
+
+        The slots by the spec's rule, the shapes, and (numpy contract) the values
+        by :func:`spec.backend.check_kv_values`: a value the cache's dtype cannot
+        hold is refused, not stored as infinity. Nothing is written before all pass.
+        """
         cache = self._mem()
         k_cache, v_cache = cache.layer(layer)
-        n, h = len(slot_mapping), cache.geometry.num_kv_heads
+        slots, host_slots = cache.slots(slot_mapping)
+        n, h = slots.shape[0], cache.geometry.num_kv_heads
         convert = cache.device_tensor if self.device_resident else cache.tensor
-        return convert("key", key, n, h), convert("value", value, n, h), k_cache, v_cache
+        k, v = convert("key", key, n, h), convert("value", value, n, h)
+        if host_slots is not None:  # the numpy contract: the values, checked on the host
+            for name, x in (("key", key), ("value", value)):
+                assert isinstance(x, np.ndarray)  # cache.tensor checked it
+                check_kv_values(name, x, host_slots, cache.geometry)
+        return k, v, slots, k_cache, v_cache
+
+    def _copies(self, copies: object) -> tuple[tuple[int, int], ...]:
+        """A copy list by the spec's rule (:func:`spec.batch.check_copies`): int block ids of
+        the pool (not ``1.7``, ``'3'`` or ``True``), independent of their order."""
+        if isinstance(copies, str | bytes) or not isinstance(copies, Sequence):
+            raise ArgumentTypeError(
+                f"copies must be a sequence of (src, dst) pairs, got {copies!r}"
+            )
+        return check_copies(copies, self._mem().geometry.num_blocks)
 
     def _query_inputs(
-        self, layer: int, query: object, batch: BatchMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(q, k_cache, v_cache)`` for attention, once the batch fits this cache."""
+        self, layer: int, query: object, batch: object, scale: object, variant: object
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, AttentionVariant]:
+        """``(q, k_cache, v_cache, scale, variant)`` for attention, every argument checked.
+
+        The batch by the check every backend relies on
+        (:meth:`spec.batch.BatchMetadata.validate`, remembered per batch: free
+        on later layers), the scale finite and positive, the variant an
+        :class:`~spec.attention.AttentionVariant` (``None``: plain), before any work.
+        """
         cache = self._mem()
         k_cache, v_cache = cache.layer(layer)
+        batch = check_instance("batch", batch, BatchMetadata)
         cache.check_batch(batch)
+        batch.validate(cache.geometry.num_blocks)
+        scale = check_scale("scale", scale)
+        variant = PLAIN if variant is None else check_instance("variant", variant, AttentionVariant)
+        q = self._query(query, batch)
+        variant.check_heads(q.shape[1])
+        return q, k_cache, v_cache, scale, variant
+
+    def _query(self, query: object, batch: BatchMetadata) -> torch.Tensor:
+        """The query as a tensor on the device: ``[>= num_tokens, H, head_dim]``."""
+        cache = self._mem()
         if self.device_resident:
             heads = query.shape[1] if isinstance(query, torch.Tensor) and query.ndim == 3 else -1
-            return cache.device_tensor("query", query, batch.num_tokens, heads), k_cache, v_cache
+            return cache.device_tensor("query", query, batch.num_tokens, heads)
         heads = query.shape[1] if isinstance(query, np.ndarray) and query.ndim == 3 else -1
-        return cache.tensor("query", query, batch.num_tokens, heads), k_cache, v_cache
+        return cache.tensor("query", query, batch.num_tokens, heads)
 
     def _new_kv(self, batch: BatchMetadata, key: object, value: object) -> None:
         """The device contract's ``key=``/``value=`` of attention: ``[T, H_kv, D]`` when given."""

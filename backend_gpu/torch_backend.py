@@ -10,8 +10,9 @@ after a float32 division and a clamp, and read as ``stored.float() * scale``.
 Slow but obviously right, on CPU or any GPU, and a check on the Triton kernels
 that shares none of their arithmetic. It does share code with them around it:
 the cache plumbing in :mod:`backend_gpu._cache` (which takes the fp8 dtype
-table ``FP8_TORCH`` from ``backend_gpu/kernels/_fp8.py``) and the copy-list
-check ``independent_copies`` from ``backend_gpu/kernels/_checks.py``.
+table ``FP8_TORCH`` from ``backend_gpu/kernels/_fp8.py``, and checks every
+argument by the spec's own rules: the batch by ``BatchMetadata.validate``,
+slots by ``check_slot_mapping``, copies by ``check_copies``).
 
 :func:`make_device_backend` builds the same backend under the device-resident
 contract (``tensors="torch"``, :mod:`spec.backend`): it takes tensors on its
@@ -28,7 +29,6 @@ from collections.abc import Sequence
 import torch
 
 from backend_gpu._cache import Returned, TorchCacheBackend
-from backend_gpu.kernels._checks import independent_copies
 from spec.attention import PLAIN, VARIANTS, AttentionVariant
 from spec.backend import DTYPES, KV_DTYPES, Capabilities, FloatArray
 from spec.batch import BatchArrays, BatchMetadata
@@ -58,10 +58,9 @@ class TorchBackend(TorchCacheBackend):
         value: FloatArray | torch.Tensor,
         slot_mapping: Sequence[int] | torch.Tensor,
     ) -> None:
-        k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
-        n = len(slot_mapping)
+        k, v, slots, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
+        n = slots.shape[0]
         cache = self._mem()
-        slots = cache.slots(slot_mapping)
         keep = slots != -1
         width = k_cache.shape[2:]
         kind = cache.geometry.kv_dtype
@@ -76,7 +75,7 @@ class TorchBackend(TorchCacheBackend):
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
-        pairs = independent_copies(copies, cache.geometry.num_blocks)
+        pairs = self._copies(copies)
         if not pairs:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.device)
@@ -96,7 +95,9 @@ class TorchBackend(TorchCacheBackend):
         key: torch.Tensor | None = None,
         value: torch.Tensor | None = None,
     ) -> Returned:
-        q, k_cache, v_cache = self._query_inputs(layer, query, batch)
+        q, k_cache, v_cache, scale, variant = self._query_inputs(
+            layer, query, batch, scale, variant
+        )
         self._new_kv(batch, key, value)
         cache = self._mem()
         heads = q.shape[1]
@@ -104,8 +105,6 @@ class TorchBackend(TorchCacheBackend):
             raise InvalidRequestError(
                 f"{heads} query heads do not divide into {cache.geometry.num_kv_heads} KV heads"
             )
-        variant = PLAIN if variant is None else variant
-        variant.check_heads(heads)
         k_scale, v_scale = cache.scales(layer)
         out = torch.empty(
             batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device

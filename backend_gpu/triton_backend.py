@@ -77,17 +77,15 @@ class TritonBackend(TorchCacheBackend):
         value: FloatArray | torch.Tensor,
         slot_mapping: Sequence[int] | torch.Tensor,
     ) -> None:
-        k, v, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
-        cache = self._mem()
-        k_scale, v_scale = cache.scales(layer)
-        slots = cache.slots(slot_mapping)
+        k, v, slots, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
+        k_scale, v_scale = self._mem().scales(layer)
         reshape_and_cache(
             k, v, k_cache, v_cache, slots, check_slots=False, k_scale=k_scale, v_scale=v_scale
         )
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
-        copy_blocks(cache.k, cache.v, list(copies))
+        copy_blocks(cache.k, cache.v, list(self._copies(copies)))
 
     def attention(
         self,
@@ -101,7 +99,7 @@ class TritonBackend(TorchCacheBackend):
         key: torch.Tensor | None = None,
         value: torch.Tensor | None = None,
     ) -> Returned:
-        q, k_cache, v_cache = self._query_inputs(layer, query, batch)
+        q, k_cache, v_cache, scale, v = self._query_inputs(layer, query, batch, scale, variant)
         self._new_kv(batch, key, value)
         group = self._mem().geometry.group_of(layer)
         if arrays is not None and self.device_resident:  # the suite's tensors, as they come
@@ -109,9 +107,6 @@ class TritonBackend(TorchCacheBackend):
         else:
             qsl, lens, tables = self._device_metadata(batch, group)
         k_scale, v_scale = self._mem().scales(layer)
-        if variant is not None:
-            variant.check_heads(q.shape[1])
-        v = AttentionVariant() if variant is None else variant
         out = paged_attention(
             q[: batch.num_tokens],
             k_cache,

@@ -17,6 +17,12 @@ and it refills the fork (not timed). Each operation is timed on its own
 O(1) bookkeeping the ratio stays near 1 however large ``P`` grows; a scan of
 the pending copies makes it grow like ``P``. It also times building the state,
 ``P`` forked appends in one step: O(P) if each append is O(1), O(P^2) if not.
+
+Last, it times ``check_integrity`` (the invariant check the stateful tests
+run after every step) on the same state at two sizes (``--integrity-sizes``,
+1,000 and 10,000 by default), the median of ``--integrity-repeats`` calls,
+and prints ``T(large) / ((large / small) * T(small))``: near 1 when the check
+is linear in the pending copies, near ``large / small`` when it is quadratic.
 """
 
 from __future__ import annotations
@@ -66,6 +72,29 @@ def measure(p: int, repeats: int) -> tuple[dict[str, float], float]:
     return {op: statistics.median(ts) / 1e9 for op, ts in times.items()}, setup
 
 
+def integrity_seconds(p: int, repeats: int) -> float:
+    """Median seconds of one ``check_integrity`` call with ``p`` copies pending."""
+    m, _ = _pending_step(p)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        m.check_integrity()
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e9
+
+
+def integrity_report(sizes: Sequence[int], repeats: int) -> str:
+    """One line: ``check_integrity`` at the two sizes, and its cost against linear growth."""
+    lo, hi = sizes[0], sizes[-1]
+    t_lo, t_hi = integrity_seconds(lo, repeats), integrity_seconds(hi, repeats)
+    ratio = t_hi / (hi / lo * t_lo)
+    return (
+        f"check_integrity, median of {repeats}: P = {lo:,}: {_format(t_lo)}, "
+        f"P = {hi:,}: {_format(t_hi)}; T(P={hi:,}) / ({hi / lo:,.0f} x T(P={lo:,})) = "
+        f"{ratio:.2f} (1 if linear in P, {hi / lo:,.0f} if quadratic)"
+    )
+
+
 def _format(seconds: float) -> str:
     return f"{seconds * 1e6:,.2f} us" if seconds < 1e-3 else f"{seconds * 1e3:,.1f} ms"
 
@@ -101,12 +130,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 10_000], metavar="P")
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument(
+        "--integrity-sizes", type=int, nargs=2, default=[1_000, 10_000], metavar="P"
+    )
+    parser.add_argument("--integrity-repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    if len(args.sizes) < 2 or min(args.sizes) < 1 or args.sizes != sorted(args.sizes):
-        parser.error("--sizes needs at least two increasing values >= 1")
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    for name, sizes in (("--sizes", args.sizes), ("--integrity-sizes", args.integrity_sizes)):
+        if len(sizes) < 2 or min(sizes) < 1 or sizes != sorted(sizes) or sizes[0] == sizes[-1]:
+            parser.error(f"{name} needs at least two increasing values >= 1")
+    if args.repeats < 1 or args.integrity_repeats < 1:
+        parser.error("--repeats and --integrity-repeats must be >= 1")
     print(report(args.sizes, args.repeats))
+    print()
+    print(integrity_report(args.integrity_sizes, args.integrity_repeats))
     return 0
 
 

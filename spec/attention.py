@@ -57,9 +57,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from spec.batch import BatchMetadata
-from spec.errors import ArgumentValueError, InvalidRequestError
+from spec.errors import ArgumentTypeError, ArgumentValueError, InvalidRequestError
 from spec.kv_memory import KVMemory
-from spec.validate import check_int, check_real, check_scale
+from spec.validate import check_instance, check_int, check_real, check_scale
 
 F64 = NDArray[np.float64]
 
@@ -191,6 +191,17 @@ def paged_attention(
     together, padded to the longest context of a group: the same arithmetic
     per sequence, without a Python loop over hundreds of them.
     """
+    check_instance("batch", batch, BatchMetadata)
+    check_instance("memory", memory, KVMemory)
+    if not isinstance(query, np.ndarray) or query.dtype.kind != "f":
+        raise ArgumentTypeError(
+            f"query must be a numpy float array, got {type(query).__name__} "
+            f"{getattr(query, 'dtype', '')}".rstrip()
+        )
+    variant = PLAIN if variant is None else check_instance("variant", variant, AttentionVariant)
+    check_instance("precision", precision, Precision)
+    group = check_int("group", group, low=0, high=batch.num_groups - 1)
+    layer = check_int("layer", layer, low=0, high=memory.num_layers - 1)
     num_kv_heads, head_dim = memory.shape[2], memory.shape[3]
     if query.ndim != 3 or query.shape[0] < batch.num_tokens or query.shape[2] != head_dim:
         raise InvalidRequestError(
@@ -205,7 +216,6 @@ def paged_attention(
     num_heads = query.shape[1]
     if num_heads % num_kv_heads:
         raise InvalidRequestError(f"{num_heads} query heads do not divide into {num_kv_heads}")
-    variant = PLAIN if variant is None else variant
     variant.check_heads(num_heads)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
     out = np.empty((batch.num_tokens, num_heads, head_dim))  # every row is some sequence's
@@ -346,20 +356,22 @@ def _attend_batch(
     k = np.asarray(key, dt).transpose(0, 1, 3, 2)  # [S, H_kv, D, t]
     v = np.asarray(value, dt)
     # In place where it can be: at production sizes each temporary is tens of megabytes.
-    scores = (q @ k).reshape(s, num_heads, n, t)
-    scores *= dt.type(scale)
-    if variant.softcap is not None:
-        cap = dt.type(variant.softcap)
-        scores /= cap
-        np.tanh(scores, out=scores)
-        scores *= cap
-    if variant.alibi_slopes is not None:
-        distance = key_pos[:, None, :] - positions[:, :, None]  # [S, n, t], <= 0 where visible
-        slopes = np.asarray(variant.alibi_slopes, dtype=dt)[None, :, None, None]
-        scores += slopes * distance[:, None].astype(dt)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused just below
+        scores = (q @ k).reshape(s, num_heads, n, t)
+        scores *= dt.type(scale)
+        if variant.softcap is not None:
+            cap = dt.type(variant.softcap)
+            scores /= cap
+            np.tanh(scores, out=scores)
+            scores *= cap
+        if variant.alibi_slopes is not None:
+            distance = key_pos[:, None, :] - positions[:, :, None]  # [S, n, t], <= 0 if visible
+            slopes = np.asarray(variant.alibi_slopes, dtype=dt)[None, :, None, None]
+            scores += slopes * distance[:, None].astype(dt)
     visible = (key_pos[:, None, :] <= positions[:, :, None]) & valid[:, None, :]  # [S, n, t]
     if variant.window is not None:
         visible &= key_pos[:, None, :] > positions[:, :, None] - variant.window
+    _check_scores(scores, query, key, visible, positions, key_pos, scale, variant)
     np.copyto(scores, dt.type(-np.inf), where=~visible[:, None])
     top = scores.max(axis=-1, keepdims=True)  # finite: every query sees itself
     if variant.sinks is not None:
@@ -378,3 +390,45 @@ def _attend_batch(
         mixed = (p.reshape(s, h_kv, -1, t) @ v) / total.reshape(s, h_kv, -1, 1)
     out: F64 = mixed.reshape(s, h_kv, g, n, d).transpose(0, 3, 1, 2, 4).reshape(s, n, num_heads, d)
     return out.astype(np.float64)
+
+
+def _check_scores(
+    scores: F64,
+    query: F64,
+    key: F64,
+    visible: NDArray[np.bool_],
+    positions: NDArray[np.int64],
+    key_pos: NDArray[np.int64],
+    scale: float,
+    variant: AttentionVariant,
+) -> None:
+    """Refuse scores that overflowed: a finite query and key must give a finite score.
+
+    A huge but finite scale or ALiBi slope (or huge values) can push ``scale *
+    q . k`` or ``slope * (k - p)`` past the largest float, and the softmax of an
+    infinite score is NaN (``inf - inf``): a silently wrong answer, so the spec
+    refuses the call instead. A NaN that comes from the inputs (a read of a slot
+    nobody wrote) is not an overflow: it flows through, as everywhere in the spec.
+    Soft-capping bounds every score, so with a cap only ALiBi can overflow.
+    """
+    finite = np.isfinite(scores)
+    if finite.all():  # the common case: one pass, nothing more
+        return
+    num_heads, h_kv = scores.shape[1], key.shape[1]
+    q_ok = np.asarray(np.isfinite(query).all(axis=-1))  # [S, n, H]
+    k_ok = np.asarray(np.isfinite(key).all(axis=-1))  # [S, H_kv, t]
+    q_ok = q_ok.transpose(0, 2, 1)  # [S, H, n]
+    k_ok = np.repeat(k_ok, num_heads // h_kv, axis=1)  # [S, H, t]: head h reads KV head h // g
+    bad = ~finite & visible[:, None] & q_ok[..., None] & k_ok[:, :, None, :]
+    if not bad.any():
+        return
+    s, h, j, t = (int(x) for x in np.argwhere(bad)[0])
+    used = f"scale {scale!r}"
+    if variant.alibi_slopes is not None:
+        used += f", ALiBi slope {variant.alibi_slopes[h]!r}"
+    raise ArgumentValueError(
+        f"attention scores overflow {scores.dtype}: {used} give query head {h} at position "
+        f"{int(positions[s, j])} a score of {float(scores[s, h, j, t])} against the key at "
+        f"position {int(key_pos[s, t])} from a finite query and key; a softmax over overflowed "
+        "scores is NaN or meaningless, so the call is refused: use a smaller scale or slope"
+    )

@@ -58,9 +58,9 @@ from numpy.typing import NDArray
 from spec.attention import VARIANTS, AttentionVariant, paged_attention
 from spec.batch import BatchMetadata
 from spec.errors import ArgumentTypeError, ArgumentValueError, InvalidRequestError
-from spec.kv_memory import KVMemory
+from spec.kv_memory import KVMemory, check_slot_mapping
 from spec.quant import FP8_FORMATS, check_fp8_scale
-from spec.validate import check_bool, check_choice, check_int, check_positive
+from spec.validate import check_bool, check_choice, check_int, check_positive, check_scale
 
 FloatArray = NDArray[np.floating]
 
@@ -73,9 +73,52 @@ KV_DTYPES = tuple(FP8_FORMATS)
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
+DTYPE_MAX = {
+    "float32": float(np.finfo(np.float32).max),
+    "float16": float(np.finfo(np.float16).max),
+    "bfloat16": float.fromhex("0x1.fep127"),
+}
+"""The largest finite value of each activation dtype (numpy has no bfloat16: its bits, by hand)."""
+
 TENSOR_KINDS = ("numpy", "torch")
 """How arrays cross the boundary: numpy on the host (the default), or torch tensors on the
 backend's device (the device-resident contract: see :class:`Backend`)."""
+
+
+def check_kv_values(
+    name: str, x: NDArray[np.floating], slots: NDArray[np.int64], geometry: KVGeometry
+) -> None:
+    """The rows of new K (or V) that a write stores fit the cache: one rule for every backend.
+
+    An unquantized cache holds the activation dtype, so a finite value beyond
+    that dtype's largest (:data:`DTYPE_MAX`: 1e6 into a float16 cache) is
+    refused with :class:`~spec.errors.ArgumentValueError`: stored, it would
+    become infinity without a word. Rows of padding slots, and rows past the
+    slot mapping, are not stored and not checked; infinities and NaN are
+    values of the dtype and pass. A quantized (fp8) cache does not refuse: it
+    saturates, as :func:`spec.quant.quantize` defines.
+
+    >>> g = KVGeometry(1, 2, 2, 1, 1, dtype="float16")
+    >>> check_kv_values("key", np.array([[[7e4]], [[1.0]]]), np.array([-1, 0]), g)  # pad: unread
+    >>> check_kv_values("key", np.array([[[1.0]], [[7e4]]]), np.array([-1, 0]), g)
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    spec.errors.ArgumentValueError: key[1] holds 70000.0, beyond float16's largest finite value ...
+    """
+    if geometry.kv_dtype is not None:
+        return
+    top = DTYPE_MAX[geometry.dtype]
+    rows = np.asarray(x[: slots.shape[0]])
+    stored = (slots != -1).reshape((-1,) + (1,) * (rows.ndim - 1))
+    with np.errstate(invalid="ignore"):
+        too_big = stored & np.isfinite(rows) & (np.abs(rows) > top)
+    if too_big.any():
+        where = tuple(int(i) for i in np.argwhere(too_big)[0])
+        raise ArgumentValueError(
+            f"{name}[{where[0]}] holds {float(rows[where])}, beyond {geometry.dtype}'s largest "
+            f"finite value {top}: the cache would store it as infinity"
+        )
 
 
 @dataclass(frozen=True)
@@ -424,7 +467,12 @@ class ReferenceBackend:
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
     ) -> None:
-        self._mem().write(layer, _f64("key", key), _f64("value", value), slot_mapping)
+        mem, k, v = self._mem(), _f64("key", key), _f64("value", value)
+        slots = check_slot_mapping(slot_mapping, mem.num_slots)
+        for name, x in (("key", k), ("value", v)):
+            if x.ndim == 3 and x.shape[0] >= slots.shape[0]:  # KVMemory.write checks the shape
+                check_kv_values(name, x, slots, self._geo())
+        mem.write(layer, k, v, slot_mapping)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         self._mem().copy_blocks(copies)
@@ -440,6 +488,7 @@ class ReferenceBackend:
     ) -> FloatArray:
         memory, group = self._mem(), self._geo().group_of(layer)
         q = _f64("query", query)
+        scale = check_scale("scale", scale)  # the contract's scale is a number: None is no default
         return paged_attention(q, batch, memory, layer, scale, variant=variant, group=group)
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:

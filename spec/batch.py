@@ -55,6 +55,7 @@ attends to that sequence's keys at positions ``0 .. p``.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -65,8 +66,8 @@ from numpy.typing import NDArray
 
 from spec.block_manager import PAD_BLOCK as PAD_BLOCK
 from spec.block_manager import BlockManager, cdiv, slot_range
-from spec.errors import InvalidBatchError, InvalidRequestError, UnknownBlockError
-from spec.validate import check_int
+from spec.errors import ArgumentTypeError, InvalidBatchError, InvalidRequestError, UnknownBlockError
+from spec.validate import check_instance, check_int, is_int
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -116,7 +117,7 @@ def check_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> tuple[tu
                 )
         pairs.append((src, dst))
     dsts = [d for _, d in pairs]
-    repeated = {d for d in dsts if dsts.count(d) > 1}
+    repeated = [d for d, count in Counter(dsts).items() if count > 1]  # linear, not quadratic
     if repeated:
         raise InvalidBatchError(f"copies: destination block {min(repeated)} appears twice")
     both = set(dsts) & {s for s, _ in pairs}
@@ -257,6 +258,7 @@ class BatchMetadata:
         ns = None if num_state_slots is None else check_int("num_state_slots", num_state_slots)
         if (n, ns) in self._checked:
             return
+        self._check_types()
         self._check_rows()
         self._check_tokens()
         for g in range(self.num_groups):
@@ -309,6 +311,40 @@ class BatchMetadata:
         ids = [x for pair in state.copies for x in pair if isinstance(x, int)]
         bound = num_slots if num_slots is not None else 1 + max([*slots, *ids], default=0)
         check_copies(state.copies, max(bound, 1))
+
+    def _check_types(self) -> None:
+        """Every index field is a sequence of ints: ``True`` is not block 1, ``1.7`` not slot 1."""
+        fields: list[tuple[str, object]] = [
+            ("seq_ids", self.seq_ids),
+            ("query_start_loc", self.query_start_loc),
+            ("seq_lens", self.seq_lens),
+            ("positions", self.positions),
+        ]
+        if not isinstance(self.extra_groups, tuple | list):
+            raise InvalidBatchError(f"extra_groups must be a tuple, got {self.extra_groups!r}")
+        for g, layout in enumerate(self.extra_groups, start=1):
+            if not isinstance(layout, GroupLayout):
+                raise InvalidBatchError(f"extra_groups[{g - 1}] must be a GroupLayout")
+        for g in range(self.num_groups):
+            fields.append((f"group {g} slot_mapping", self.slots(g)))
+            fields.append((f"group {g} block_tables", self.tables(g)))
+        for name, values in fields:
+            rows = values if name.endswith("block_tables") else (values,)
+            if not isinstance(rows, tuple | list):
+                raise InvalidBatchError(f"{name} must be a tuple, got {rows!r}")
+            for r, row in enumerate(rows):
+                where = f"{name}[{r}]" if rows is values else name
+                if not isinstance(row, tuple | list):
+                    raise InvalidBatchError(f"{where} must be a tuple of ints, got {row!r}")
+                bad = None
+                if not all(type(x) is int for x in row):  # the common case at C speed
+                    bad = next(((i, x) for i, x in enumerate(row) if not is_int(x)), None)
+                if bad is not None:
+                    raise InvalidBatchError(
+                        f"{where}[{bad[0]}] must be an int, got {type(bad[1]).__name__} {bad[1]!r}"
+                    )
+        if not self.query_start_loc:
+            raise InvalidBatchError("query_start_loc must hold at least its first entry, 0")
 
     def _check_rows(self) -> None:
         s = self.num_seqs
@@ -405,6 +441,14 @@ def build_batch(
     copy list (a block id names one group's block at a time, so one list,
     executed on every layer, serves every group). ``state`` is attached as is.
     """
+    check_instance("manager", manager, BlockManager)
+    if isinstance(groups, str | bytes) or not isinstance(groups, Sequence):
+        raise InvalidRequestError(f"groups must be a sequence of BlockManagers, got {groups!r}")
+    for g, m in enumerate(groups):
+        check_instance(f"groups[{g}]", m, BlockManager)
+    if state is not None:
+        check_instance("state", state, StateLayout)
+    scheduled = _check_scheduled(scheduled)
     seen: set[int] = set()
     starts, lens, positions = [0], [], []  # type: tuple[list[int], list[int], list[int]]
     managers = (manager, *groups)
@@ -440,6 +484,24 @@ def build_batch(
         extra_groups=tuple(layouts[1:]),
         state=state,
     )
+
+
+def _check_scheduled(scheduled: object) -> list[tuple[int, int]]:
+    """``scheduled`` as a list of ``(seq_id, num_new_tokens)`` pairs of ints."""
+    if isinstance(scheduled, str | bytes) or not isinstance(scheduled, Sequence):
+        raise ArgumentTypeError(
+            f"scheduled must be a sequence of (seq_id, num_new_tokens) pairs, got {scheduled!r}"
+        )
+    pairs = []
+    for i, pair in enumerate(scheduled):
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise ArgumentTypeError(
+                f"scheduled[{i}] must be a (seq_id, num_new_tokens) pair, got {pair!r}"
+            )
+        pairs.append(
+            (check_int(f"scheduled[{i}] seq_id", pair[0]), check_int(f"scheduled[{i}]", pair[1]))
+        )
+    return pairs
 
 
 def _group_layout(

@@ -543,6 +543,9 @@ class BlockManager:
     def check_integrity(self, others: Iterable[BlockManager] = ()) -> None:
         """Assert every invariant of the tables and the pool (tests call this every step).
 
+        Linear in what it checks (table entries, pending copies, pool blocks):
+        it runs after every step of the stateful tests, whatever their size.
+
         ``others`` are the managers that share this one's pool: their holders
         count too (call it on one of them, or on each: the same checks).
         """
@@ -571,9 +574,10 @@ class BlockManager:
             )
         pins: dict[int, int] = {}
         in_tables = self._table_holders()
+        sources = set(self._copies.values())  # a set: linear in the pending copies, not quadratic
         for dst, src in self._copies.items():
             pins[src] = pins.get(src, 0) + 1
-            assert dst not in self._copies.values(), f"block {dst} is src and dst"
+            assert dst not in sources, f"block {dst} is src and dst"
             assert in_tables.get(dst, 0) > 0, f"pending copy into block {dst}, which nobody holds"
         assert pins == self._pins, f"pins {self._pins} do not count the pending copies {pins}"
         holders: dict[int, int] = {}

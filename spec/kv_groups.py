@@ -58,7 +58,7 @@ from spec.errors import (
     UnknownBlockError,
     UnknownSequenceError,
 )
-from spec.validate import check_choice, check_int
+from spec.validate import check_choice, check_int, is_int
 
 __all__ = [
     "FIXED_STATE",
@@ -191,7 +191,8 @@ class StateManager:
         self._copies: dict[int, int] = {}  # dst -> src, oldest first
 
     def __contains__(self, seq_id: object) -> bool:
-        return seq_id in self._slots
+        """Whether ``seq_id`` holds a slot (anything but an int, ``False`` say, holds none)."""
+        return is_int(seq_id) and int(seq_id) in self._slots  # type: ignore[call-overload]
 
     def sequence_ids(self) -> list[int]:
         return list(self._slots)

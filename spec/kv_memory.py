@@ -146,7 +146,7 @@ class KVMemory:
         written twice in one call (the result would depend on the order).
         """
         layer = self._check_layer(layer)
-        slots = np.asarray(check_ints("slot_mapping", slot_mapping), dtype=np.int64)
+        slots = check_slot_mapping(slot_mapping, self.num_slots)
         n = slots.shape[0]
         row = self.shape[2:]
         for name, x in (("key", key), ("value", value)):
@@ -157,14 +157,7 @@ class KVMemory:
                     f"{name} has shape {x.shape}, expected [>= {n}, {row[0]}, {row[1]}]"
                 )
         keep = slots != PAD_SLOT
-        bad = keep & ((slots < 0) | (slots >= self.num_slots))
-        if bad.any():
-            raise ArgumentValueError(
-                f"slot_mapping: slot {int(slots[bad][0])} is outside 0..{self.num_slots - 1}"
-            )
         used = slots[keep]
-        if np.unique(used).size != used.size:
-            raise ArgumentValueError(f"slot_mapping writes one slot twice: {used.tolist()}")
         for which, x in enumerate((key, value)):
             stored = self._store(x[:n][keep], layer, which)
             if self.lazy:
@@ -206,14 +199,15 @@ class KVMemory:
         table = check_ints("block_table", block_table, low=PAD_BLOCK)
         if len(table) * b < num_tokens:
             raise InvalidRequestError(f"{len(table)} blocks of {b} cannot hold {num_tokens} tokens")
-        used = table[start // b : -(-num_tokens // b)]
+        skip, used = start // b, table[start // b : -(-num_tokens // b)]
         bad = [x for x in used if not 0 <= x < self.shape[0]]
         if bad:
             raise UnknownBlockError(
                 f"block table entry {bad[0]} is outside 0..{self.shape[0] - 1} "
                 "(padding and released blocks must never be dereferenced)"
             )
-        slots = token_slots(table, num_tokens, b)[start:]
+        p = np.arange(start, num_tokens, dtype=np.int64)  # only the entries read are converted
+        slots = np.asarray(used, dtype=np.int64)[p // b - skip] * b + p % b
         if self.lazy:
             k, v = (blocks.rows(slots) for blocks in self._lazy[layer])
         else:
@@ -269,6 +263,46 @@ def _check_scales(
             )
         )
     return tuple(out)
+
+
+def check_slot_mapping(slot_mapping: object, num_slots: int) -> NDArray[np.int64]:
+    """A KV write's slot mapping, checked whole: the one rule the spec and the backends apply.
+
+    Each entry is an int (not a bool, a float or a string: ``True`` is not
+    slot 1, and ``1.7`` is not slot 1) that is a slot of the pool or
+    :data:`PAD_SLOT`; no slot appears twice (the result would depend on the
+    order of the writes). Raises :class:`~spec.errors.ArgumentTypeError` or
+    :class:`~spec.errors.ArgumentValueError` naming the entry; returns int64.
+
+    >>> check_slot_mapping([3, -1, 0], num_slots=4).tolist()
+    [3, -1, 0]
+    >>> check_slot_mapping([1.7], num_slots=4)
+    Traceback (most recent call last):
+    ...
+    spec.errors.ArgumentTypeError: slot_mapping[0] must be an int, got float 1.7
+    >>> check_slot_mapping([2, 2], num_slots=4)
+    Traceback (most recent call last):
+    ...
+    spec.errors.ArgumentValueError: slot_mapping writes slot 2 twice (entries 0 and 1)
+    """
+    slots = check_ints("slot_mapping", slot_mapping)
+    if slots and (min(slots) < PAD_SLOT or max(slots) >= num_slots):  # Python ints: no overflow
+        i, s = next((i, s) for i, s in enumerate(slots) if not PAD_SLOT <= s < num_slots)
+        raise ArgumentValueError(
+            f"slot_mapping[{i}] is {s}: slot {s} is outside 0..{num_slots - 1} "
+            f"(and is not {PAD_SLOT}, the padding slot)"
+        )
+    out = np.asarray(slots, dtype=np.int64).reshape(-1)
+    used = out[out != PAD_SLOT]
+    if np.unique(used).size != used.size:
+        seen: dict[int, int] = {}
+        for i, s in enumerate(slots):
+            if s != PAD_SLOT and s in seen:
+                raise ArgumentValueError(
+                    f"slot_mapping writes slot {s} twice (entries {seen[s]} and {i})"
+                )
+            seen[s] = i
+    return out
 
 
 def token_slots(block_table: Sequence[int], num_tokens: int, block_size: int) -> NDArray[np.int64]:

@@ -29,9 +29,14 @@ out of steps 3, 4 and 6:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+
+import numpy as np
+
+from spec.errors import ArgumentTypeError, ArgumentValueError
+from spec.validate import check_real
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,59 @@ class ClassSummary:
     num_aborted: int = 0  # left early: counted here, not in the means
 
 
+def check_step_end_times(
+    step_end_times: object, timelines: Iterable[RequestTimeline]
+) -> tuple[float, ...]:
+    """The clock of a run, checked against the requests it times; as a tuple of floats.
+
+    Step ``s`` ends at ``step_end_times[s]`` seconds: every time is finite and
+    ``>= 0`` (the run starts at 0), and the times never decrease (a step ends
+    no earlier than the one before it). There is a time for every step a
+    finished request was in, and a request's own ``arrival_time`` is no later
+    than the end of the step it was submitted before. Raises
+    :class:`~spec.errors.ArgumentValueError` (or ``ArgumentTypeError``) naming
+    the entry.
+
+    >>> check_step_end_times([0.5, 1.0], [])
+    (0.5, 1.0)
+    >>> check_step_end_times([1.0, 0.5], [])
+    Traceback (most recent call last):
+    ...
+    spec.errors.ArgumentValueError: step_end_times[1] is 0.5, before step_end_times[0] = 1.0
+    """
+    if isinstance(step_end_times, np.ndarray) and step_end_times.ndim == 1:
+        step_end_times = step_end_times.tolist()
+    if isinstance(step_end_times, str | bytes) or not isinstance(step_end_times, Sequence):
+        raise ArgumentTypeError(
+            f"step_end_times must be a sequence of seconds, got {type(step_end_times).__name__}"
+        )
+    ends = tuple(
+        check_real(f"step_end_times[{i}]", x, low=0.0) for i, x in enumerate(step_end_times)
+    )
+    if not ends:  # no clock: summarize reports steps only
+        return ends
+    for i in range(1, len(ends)):
+        if ends[i] < ends[i - 1]:
+            raise ArgumentValueError(
+                f"step_end_times[{i}] is {ends[i]}, before step_end_times[{i - 1}] = {ends[i - 1]}"
+            )
+    for t in timelines:
+        if t.finish_step is None:
+            continue
+        if t.finish_step >= len(ends):
+            raise ArgumentValueError(
+                f"step_end_times has {len(ends)} entries, but request {t.request_id} finished "
+                f"in step {t.finish_step}"
+            )
+        a = t.arrival_step
+        if t.arrival_time is not None and a < len(ends) and t.arrival_time > ends[a]:
+            raise ArgumentValueError(
+                f"request {t.request_id} arrived at {t.arrival_time}, after the end of step {a} "
+                f"(step_end_times[{a}] = {ends[a]}) that it was submitted before"
+            )
+    return ends
+
+
 def _mean(values: Sequence[float | int | None]) -> float | None:
     xs = [float(v) for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None
@@ -165,7 +223,13 @@ class MetricsRecorder:
         """Per request class, over finished requests; seconds too when ``step_end_times``.
 
         Aborted requests are counted apart and kept out of the means.
+        ``step_end_times`` are checked first (:func:`check_step_end_times`):
+        finite, non-negative, never decreasing, one per step summarized, and no
+        request arriving after the end of the step it was submitted before, so
+        that no latency comes out negative or NaN.
         """
+        if step_end_times is not None:
+            step_end_times = check_step_end_times(step_end_times, self.timelines.values())
         by_class: dict[str, list[RequestTimeline]] = {}
         aborted: dict[str, int] = {}
         for t in self.timelines.values():

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from spec.errors import InvalidRequestError, UnknownBlockError
+from spec.batch import check_copies
+from spec.errors import InvalidRequestError
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """Query (activation) dtypes the kernels accept, and cache dtypes of an unquantized cache."""
@@ -99,18 +100,7 @@ def independent_copies(copies: Sequence[tuple[int, int]], num_blocks: int) -> li
 
     No block may be both a source and a destination, and no destination may
     repeat; otherwise the result would depend on the order the copies run in.
+    The spec's rule, :func:`spec.batch.check_copies`: ids are ints (``1.7``,
+    ``'3'`` and ``True`` are refused, never truncated or parsed).
     """
-    pairs = [(int(s), int(d)) for s, d in copies]
-    for src, dst in pairs:
-        for b in (src, dst):
-            if not 0 <= b < num_blocks:
-                raise UnknownBlockError(
-                    f"block {b} in copy ({src}, {dst}) is outside 0..{num_blocks - 1}"
-                )
-    dsts = [d for _, d in pairs]
-    if len(set(dsts)) != len(dsts):
-        raise InvalidRequestError(f"a destination block appears twice in {pairs}")
-    both = set(dsts) & {s for s, _ in pairs}
-    if both:
-        raise InvalidRequestError(f"block {min(both)} is both a source and a destination")
-    return pairs
+    return list(check_copies(copies, num_blocks))

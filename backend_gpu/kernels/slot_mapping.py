@@ -9,11 +9,14 @@ host-side reference it must match.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
 
 from backend_gpu.kernels._checks import check_device, check_tensor, interpreting, next_pow2
+from spec.block_manager import cdiv
 from spec.errors import InvalidRequestError
 
 
@@ -57,7 +60,8 @@ def compute_slot_mapping(
     output and the grid; a ``num_tokens`` above the batch's token count pads the
     mapping with -1 (the padding slot). With ``check`` (the default) both are
     checked against the metadata, which reads it back from the device; pass
-    ``check=False`` only with values known to be right.
+    ``check=False`` only with values known to be right (then nothing stops a
+    kernel read past a table row).
     """
     tables = check_tensor("block_tables", block_tables, 2, (torch.int32,))
     qsl = check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
@@ -74,6 +78,7 @@ def compute_slot_mapping(
     if tables.stride(1) != 1 or not qsl.is_contiguous() or not lens.is_contiguous():
         raise InvalidRequestError("block_tables rows, query_start_loc and seq_lens must be dense")
     if num_tokens is None or max_query_len is None or check:
+        _check_rows(qsl, lens, tables.shape[1], block_size)
         true_tokens = int(qsl[-1]) if num_seqs else 0
         true_max = int((qsl[1:] - qsl[:-1]).max()) if num_seqs else 0
         if num_tokens is not None and num_tokens < true_tokens:
@@ -95,3 +100,26 @@ def compute_slot_mapping(
         tables, qsl, lens, out, tables.stride(0), BLOCK_SIZE=block_size, BLOCK_Q=block_q
     )
     return out
+
+
+def _check_rows(qsl: torch.Tensor, lens: torch.Tensor, width: int, block_size: int) -> None:
+    """Every position the kernel maps lies in its table row: no read past the row's end.
+
+    ``query_start_loc`` starts at 0 and never decreases, each ``seq_len`` is at
+    least its query length (so no position is negative), and each row holds
+    ``ceil(seq_len / B)`` entries (so ``table[p // B]`` exists for every ``p``).
+    """
+    starts, seq_lens = qsl.cpu().tolist(), lens.cpu().tolist()
+    if starts and (starts[0] != 0 or any(b < a for a, b in itertools.pairwise(starts))):
+        raise InvalidRequestError(f"query_start_loc must start at 0 and not decrease: {starts}")
+    for i, seq_len in enumerate(seq_lens):
+        query_len = starts[i + 1] - starts[i]
+        if seq_len < query_len:
+            raise InvalidRequestError(
+                f"sequence {i}: seq_len {seq_len} < its {query_len} new tokens"
+            )
+        if query_len and cdiv(seq_len, block_size) > width:
+            raise InvalidRequestError(
+                f"sequence {i}: seq_len {seq_len} needs {cdiv(seq_len, block_size)} table "
+                f"entries of {block_size} tokens, but block_tables rows are {width} wide"
+            )
