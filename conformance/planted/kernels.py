@@ -249,9 +249,12 @@ class TableAdapterBackend(TritonBackend):
         *,
         variant: AttentionVariant | None = None,
     ) -> FloatArray:
-        if variant is not None and not variant.is_plain:
+        q, k_cache, v_cache, scale, v = self._query_inputs(layer, query, batch, scale, variant)
+        variant = v
+            layer, query, batch, scale, variant
+        )
+        if not variant.is_plain:
             raise InvalidRequestError(f"{type(self).__name__} runs plain attention only")
-        q, k_cache, v_cache = self._query_inputs(layer, query, batch)
         q = q[: batch.num_tokens].contiguous()
         table = _table(batch, self.layout)
         lens = torch.tensor(batch.seq_lens, dtype=torch.int32)
