@@ -250,10 +250,7 @@ class TableAdapterBackend(TritonBackend):
         variant: AttentionVariant | None = None,
     ) -> FloatArray:
         q, k_cache, v_cache, scale, v = self._query_inputs(layer, query, batch, scale, variant)
-        variant = v
-            layer, query, batch, scale, variant
-        )
-        if not variant.is_plain:
+        if not v.is_plain:
             raise InvalidRequestError(f"{type(self).__name__} runs plain attention only")
         q = q[: batch.num_tokens].contiguous()
         table = _table(batch, self.layout)
