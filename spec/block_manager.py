@@ -462,6 +462,7 @@ class BlockManager:
         are named for the prefix cache. Returns the rejected tokens' slots,
         whose K/V must never be read: the next step overwrites them.
         """
+        check_int("num_accepted", num_accepted, low=0)
         seq = self._drafting(seq_id)
         a = check_int("num_accepted", num_accepted, low=0, high=seq.num_draft)
         pending = len(seq.tokens) - seq.num_committed
@@ -632,14 +633,6 @@ class BlockManager:
                 f"sequence {seq_id}: {seq.released} entries released, but a query still needs "
                 f"entry {self.held_from(seq.earliest_query)} on"
             )
-            assert 0 <= seq.num_draft < max(1, len(seq.tokens)), (
-                f"sequence {seq_id}: {seq.num_draft} drafts in {len(seq.tokens)} tokens"
-            )
-            for i in range(max(seq.released, seq.num_verified // b), len(seq.table)):
-                assert self.pool.block_hash(seq.table[i]) is None, (
-                    f"sequence {seq_id}: block {seq.table[i]} holds an unverified token or is "
-                    "partly filled, but has a prefix-cache hash"
-                )
             assert PAD_BLOCK not in held and len(set(held)) == len(held), (
                 f"sequence {seq_id}: aliased table"
             )
@@ -650,6 +643,14 @@ class BlockManager:
             assert 0 <= seq.num_committed <= len(seq.tokens), (
                 f"sequence {seq_id}: {seq.num_committed} of {len(seq.tokens)} tokens committed"
             )
+            assert 0 <= seq.num_draft < max(1, len(seq.tokens)), (
+                f"sequence {seq_id}: {seq.num_draft} drafts in {len(seq.tokens)} tokens"
+            )
+            for i in range(max(seq.released, seq.num_verified // b), len(seq.table)):
+                assert self.pool.block_hash(seq.table[i]) is None, (
+                    f"sequence {seq_id}: block {seq.table[i]} holds an unverified token or is "
+                    "partly filled, but has a prefix-cache hash"
+                )
         pins: dict[int, int] = {}
         in_tables = self._table_holders()
         for dst, src in self._copies.items():

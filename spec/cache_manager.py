@@ -490,12 +490,22 @@ class CacheManager:
         return rejected
 
     def rollback(self, seq_id: int) -> list[int]:
-        """Reject every draft in flight of ``seq_id`` in every group; return group 0's slots."""
+        """Reject every draft in flight of ``seq_id`` in every group; return group 0's slots.
+
+        The last verified token stays. If the step ran, its KV is written and
+        so is the state after it (lookahead slot 0, which the state keeps: a
+        rollback then equals verifying no draft); if not, both are still to
+        compute, from the checkpoint.
+        """
+        ran = not self.manager.num_uncommitted(seq_id) if seq_id in self.manager else False
         rejected = self.manager.rollback(seq_id)
         for m in self._managers[1:]:
             m.rollback(seq_id)
         if self._state is not None:
-            self._state.rollback(seq_id)
+            if ran:
+                self._state.verify(seq_id, 0)
+            else:
+                self._state.rollback(seq_id)
         return rejected
 
     def _growth(self, seq_id: int, num_new: int) -> int:

@@ -253,7 +253,11 @@ class StateManager:
         self._slots[sid] = slots[a]
 
     def rollback(self, seq_id: int) -> None:
-        """Drop the lookahead slots: the checkpoint, never written, is the state again."""
+        """Drop the lookahead slots of a step that did not run: the checkpoint is the state.
+
+        (After the step ran, the last verified token's state is lookahead slot
+        0: a rollback then is ``verify(seq_id, 0)``.)
+        """
         for s in self._lookahead.pop(self._drafting(seq_id)):
             self.pool.decref(s)
 
