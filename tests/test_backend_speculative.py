@@ -78,11 +78,11 @@ class Lockstep:
                     end = batch.query_start_loc[i + 1]
                     k[first:end] *= 25.0
                     v[first:end] += 100.0
-            outs = []
+            outs: list[np.ndarray] = []
             for x in self.pair:
                 x.write_kv(layer, k, v, batch.slots(layer))
                 kw = {} if self.variants[layer] is None else {"variant": self.variants[layer]}
-                outs.append(np.asarray(x.attention(layer, q, batch, 0.5, **kw)))
+                outs.append(np.asarray(x.attention(layer, q, batch, 0.5, **kw), dtype=np.float64))
             assert_attention_close(outs[0], outs[1], "float32", batch, layer, _where(batch))
             got, want = (x.read_cache(layer) for x in self.pair)
             for name, g, w in zip("KV", got, want, strict=True):
@@ -147,7 +147,7 @@ class _ReadsOnePast(ReferenceBackend):
     """A planted bug: decode rows mask keys by ``k <= seq_len``, one key too many where the
     last block has room (the key there is rejected K/V after a rollback, or stale)."""
 
-    def attention(  # type: ignore[override]
+    def attention(
         self,
         layer: int,
         query: np.ndarray,
