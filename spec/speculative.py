@@ -44,13 +44,21 @@ The rules, each enforced where the state lives (``check_integrity`` asserts them
 6. **State keeps a checkpoint.** A fixed-size state cannot be truncated, so
    a speculative step reads the sequence's own state slot (the checkpoint,
    left as it is) and writes the state after each of its ``1 + k`` tokens
-   into lookahead state slots; verifying ``a`` keeps lookahead slot ``a``,
-   a rollback keeps the checkpoint (:class:`~spec.kv_groups.StateManager`).
+   into lookahead state slots; verifying ``a`` keeps lookahead slot ``a``;
+   a rollback keeps the checkpoint if the step never ran, and lookahead slot
+   0 (the state after the verified token) if it did
+   (:class:`~spec.kv_groups.StateManager`, ``CacheManager.rollback``).
 7. **Forks and preemption.** A sequence forks only with no drafts in flight
    (the child starts from verified tokens); a sibling that shares a partly
    filled last block copies it before writing its drafts (rule 1 counts the
    copy). A preemption rolls the drafts back first, then swaps or drops the
    verified tokens only.
+8. **The scheduler** (``SchedulerConfig.num_speculative_tokens``): the
+   engine offers drafts (``ContinuousScheduler.propose``); a decoding
+   sequence verifies up to ``k`` of them when the budget has ``1 + k``
+   tokens for its row and memory has the lookahead (else it decodes one
+   token, preempting no one for its drafts); ``update`` takes the accepted
+   drafts and the next token, and the metrics report the acceptance rate.
 
 A sequence of 6 tokens with ``B = 4`` drafts 3: the step's 4 tokens sit at
 positions 6..9 and cross into a third block, which the allocation counts.
