@@ -21,11 +21,12 @@ the first says why, and each later one imports only modules listed before it:
 14. :mod:`spec.sched_policy` - the scheduler's knobs, and the rank that orders sequences.
 15. :mod:`spec.sched_queue` - queues ordered by that rank.
 16. :mod:`spec.cache_manager` - the memory side: one query and one command per decision.
-17. :mod:`spec.sched_types` - what a step decides, and the scheduler protocol.
-18. :mod:`spec.sched_continuous` - continuous batching: admit, run, finish every step.
-19. :mod:`spec.sched_static` - the static baseline.
-20. :mod:`spec.scheduler` - the lesson of the scheduler and its public names (its
-    docstring reads well first; its code only gathers 14-19).
+17. :mod:`spec.speculative` - speculative decoding: lookahead slots, verification, rollback.
+18. :mod:`spec.sched_types` - what a step decides, and the scheduler protocol.
+19. :mod:`spec.sched_continuous` - continuous batching: admit, run, finish every step.
+20. :mod:`spec.sched_static` - the static baseline.
+21. :mod:`spec.scheduler` - the lesson of the scheduler and its public names (its
+    docstring reads well first; its code only gathers 14-20).
 """
 
 from spec.attention import paged_attention
@@ -40,6 +41,7 @@ from spec.errors import (
     InvalidRequestError,
     OutOfBlocksError,
     SpecError,
+    SpeculationError,
     UnknownBlockError,
     UnknownSequenceError,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "OutOfBlocksError",
     "ReferenceBackend",
     "SpecError",
+    "SpeculationError",
     "UnknownBlockError",
     "UnknownSequenceError",
     "build_batch",

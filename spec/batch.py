@@ -140,6 +140,9 @@ class StateLayout:
 
     slots: tuple[int, ...]  # the state slot of each batch row
     copies: tuple[tuple[int, int], ...] = ()  # fork copies of state, done before the step
+    lookahead: tuple[tuple[int, ...], ...] = ()  # per row, speculative steps' state slots; ()
+    # for none. A row with k drafts reads ``slots[i]`` (its checkpoint, left as it is) and writes
+    # the state after its last verified token and j drafts into ``lookahead[i][j]``, j = 0..k.
 
 
 @dataclass(frozen=True)
@@ -305,9 +308,10 @@ class BatchMetadata:
             raise InvalidBatchError(
                 f"state.slots must name one distinct slot per row ({self.num_seqs}), got {slots}"
             )
+        high = None if num_slots is None else num_slots - 1
         for i, x in enumerate(slots):
-            high = None if num_slots is None else num_slots - 1
             check_int(f"state.slots[{i}]", x, low=0, high=high)
+        self._check_lookahead(state, high)
         ids = [x for pair in state.copies for x in pair if isinstance(x, int)]
         bound = num_slots if num_slots is not None else 1 + max([*slots, *ids], default=0)
         check_copies(state.copies, max(bound, 1))
@@ -345,6 +349,22 @@ class BatchMetadata:
                     )
         if not self.query_start_loc:
             raise InvalidBatchError("query_start_loc must hold at least its first entry, 0")
+
+    def _check_lookahead(self, state: StateLayout, high: int | None) -> None:
+        """One row of ``1 + k >= 2`` lookahead slots per speculating row, all distinct."""
+        if state.lookahead and len(state.lookahead) != self.num_seqs:
+            raise InvalidBatchError(
+                f"state.lookahead must have one entry per row ({self.num_seqs}), "
+                f"got {len(state.lookahead)}"
+            )
+        for i, row in enumerate(state.lookahead):
+            if row and len(row) < 2:
+                raise InvalidBatchError(f"state.lookahead[{i}] must hold 1 + k >= 2 slots: {row}")
+            for j, x in enumerate(row):
+                check_int(f"state.lookahead[{i}][{j}]", x, low=0, high=high)
+        ahead = [x for row in state.lookahead for x in row]
+        if len(set(ahead) | set(state.slots)) != len(ahead) + len(state.slots):
+            raise InvalidBatchError("state.lookahead slots must be distinct, and not rows' slots")
 
     def _check_rows(self) -> None:
         s = self.num_seqs

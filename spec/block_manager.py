@@ -75,6 +75,7 @@ from spec.errors import (
     ArgumentValueError,
     DuplicateSequenceError,
     OutOfBlocksError,
+    SpeculationError,
     StepBoundaryError,
     UnknownSequenceError,
 )
@@ -125,6 +126,17 @@ class _Sequence:
     extra_keys: tuple[Hashable, ...] = ()  # mixed into every block hash (a LoRA adapter, ...)
     num_committed: int = 0  # tokens laid out in a step already: their KV is (being) written
     released: int = 0  # leading table entries a sliding window gave back (PAD_BLOCK)
+    num_draft: int = 0  # trailing tokens that are drafts in flight (spec.speculative)
+
+    @property
+    def num_verified(self) -> int:
+        """Tokens that are not drafts: the sequence a rollback returns to."""
+        return len(self.tokens) - self.num_draft
+
+    @property
+    def earliest_query(self) -> int:
+        """The first position whose query may still run: not laid out yet, or a draft."""
+        return min(self.num_committed, self.num_verified)
 
 
 @dataclass
@@ -227,6 +239,10 @@ class BlockManager:
         """Tokens appended since the sequence was last laid out in a batch (KV not yet written)."""
         seq = self._get("seq_id", seq_id)
         return len(seq.tokens) - seq.num_committed
+
+    def num_drafts(self, seq_id: int) -> int:
+        """Draft tokens in flight at the end of the sequence: 0 unless it speculates."""
+        return self._get("seq_id", seq_id).num_draft
 
     def slot(self, seq_id: int, position: int) -> int:
         """The physical slot of logical position ``position``: the paging formula."""
@@ -383,16 +399,37 @@ class BlockManager:
         self._seqs[sid] = seq
         return len(seq.tokens)
 
-    def append_slots(self, seq_id: int, token_ids: Sequence[int]) -> list[int]:
+    def append_slots(
+        self, seq_id: int, token_ids: Sequence[int], *, num_draft: int = 0
+    ) -> list[int]:
         """Give slots to the next tokens of a sequence and return them, in order.
 
         Releases what the window no longer needs first, then copies the last
         block if it is shared (copy-on-write), then grows the table one block
         at a time. Raises :class:`OutOfBlocksError` and changes nothing (but
         count the failure) if the pool cannot supply every block needed.
+
+        With ``num_draft = k > 0`` the last ``k`` tokens are drafts
+        (:mod:`spec.speculative`): they get slots like any token (lookahead
+        slots, every block they touch counted by :meth:`blocks_needed`), but
+        no block holding one is named for the prefix cache until
+        :meth:`verify` accepts it. At least one token before the drafts (the
+        last verified one) must be in the same append, and no drafts may be
+        in flight already.
         """
         seq = self._get("seq_id", seq_id)
         tokens = check_token_ids("token_ids", token_ids)
+        k = check_int("num_draft", num_draft, low=0)
+        if k and k >= len(tokens):
+            raise ArgumentValueError(
+                f"num_draft must be below the {len(tokens)} tokens appended (the last verified "
+                f"token comes before the drafts), got {k}"
+            )
+        if tokens and seq.num_draft:
+            raise SpeculationError(
+                f"seq_id {seq_id} has {seq.num_draft} drafts in flight: verify or roll them "
+                "back before appending"
+            )
         needed = self._blocks_needed(seq, len(tokens))
         reclaimed = self._reclaimable(seq)
         if needed - reclaimed > self.pool.num_available:
@@ -410,9 +447,41 @@ class BlockManager:
         while len(seq.table) < cdiv(start + len(tokens), self.block_size):
             seq.table.append(self.pool.allocate())
         seq.tokens.extend(tokens)
+        seq.num_draft = k
         self._name_full_blocks(seq)
         b = self.block_size
         return slot_range(seq.table, start, len(seq.tokens), b)
+
+    def verify(self, seq_id: int, num_accepted: int) -> list[int]:
+        """Accept the first ``num_accepted`` drafts of ``seq_id``; reject the rest.
+
+        The drafts must be laid out (their step ran: :meth:`take_copies`). The
+        sequence keeps ``num_verified + num_accepted`` tokens; blocks that held
+        only rejected tokens go back to the pool at once (the policy of
+        :mod:`spec.speculative`); full blocks now made only of verified tokens
+        are named for the prefix cache. Returns the rejected tokens' slots,
+        whose K/V must never be read: the next step overwrites them.
+        """
+        check_int("num_accepted", num_accepted, low=0)
+        seq = self._drafting(seq_id)
+        a = check_int("num_accepted", num_accepted, low=0, high=seq.num_draft)
+        pending = len(seq.tokens) - seq.num_committed
+        if pending:
+            raise StepBoundaryError(
+                f"seq_id {seq_id} has {pending} tokens not laid out yet: verify after its "
+                "step's batch is built and run (or roll the drafts back)"
+            )
+        return self._truncate(seq, seq.num_verified + a)
+
+    def rollback(self, seq_id: int) -> list[int]:
+        """Reject every draft in flight of ``seq_id``, laid out or not; return their slots.
+
+        What a preemption, or a step that will not run its drafts, does: the
+        sequence returns to its verified tokens exactly as :meth:`verify` with
+        no draft accepted would leave it.
+        """
+        seq = self._drafting(seq_id)
+        return self._truncate(seq, seq.num_verified)
 
     def release_expired(self, seq_id: int) -> int:
         """Release now what the window no longer needs (the next append would); return how many.
@@ -474,6 +543,11 @@ class BlockManager:
         """
         parent = self._get("parent_id", parent_id)
         cid = self._new_id("child_id", child_id)
+        if parent.num_draft:
+            raise SpeculationError(
+                f"parent_id {parent_id} has {parent.num_draft} drafts in flight: fork after "
+                "they are verified or rolled back, so the child starts from verified tokens"
+            )
         pending = len(parent.tokens) - parent.num_committed
         if pending:
             raise StepBoundaryError(
@@ -558,20 +632,28 @@ class BlockManager:
             assert all(x == PAD_BLOCK for x in seq.table[: seq.released]), (
                 f"sequence {seq_id}: a released entry names a block"
             )
-            assert seq.released <= self.held_from(seq.num_committed), (
+            assert seq.released <= self.held_from(seq.earliest_query), (
                 f"sequence {seq_id}: {seq.released} entries released, but a query still needs "
-                f"entry {self.held_from(seq.num_committed)} on"
+                f"entry {self.held_from(seq.earliest_query)} on"
             )
             assert PAD_BLOCK not in held and len(set(held)) == len(held), (
                 f"sequence {seq_id}: aliased table"
             )
-            named = len(seq.tokens) // b if self.enable_prefix_caching else 0
+            named = seq.num_verified // b if self.enable_prefix_caching else 0
             assert len(seq.hashes) == named, (
                 f"sequence {seq_id}: {len(seq.hashes)} hashes, {named} full blocks"
             )
             assert 0 <= seq.num_committed <= len(seq.tokens), (
                 f"sequence {seq_id}: {seq.num_committed} of {len(seq.tokens)} tokens committed"
             )
+            assert 0 <= seq.num_draft < max(1, len(seq.tokens)), (
+                f"sequence {seq_id}: {seq.num_draft} drafts in {len(seq.tokens)} tokens"
+            )
+            for i in range(max(seq.released, seq.num_verified // b), len(seq.table)):
+                assert self.pool.block_hash(seq.table[i]) is None, (
+                    f"sequence {seq_id}: block {seq.table[i]} holds an unverified token or is "
+                    "partly filled, but has a prefix-cache hash"
+                )
         pins: dict[int, int] = {}
         in_tables = self._table_holders()
         sources = set(self._copies.values())  # a set: linear in the pending copies, not quadratic
@@ -638,16 +720,20 @@ class BlockManager:
 
     def _expired(self, seq: _Sequence) -> list[int]:
         """Held blocks wholly before the window of the sequence's earliest query still to run."""
-        return seq.table[seq.released : self.held_from(seq.num_committed)]
+        return seq.table[seq.released : self.held_from(seq.earliest_query)]
 
     def _release(self, seq: _Sequence) -> int:
         """Give back the expired blocks, oldest first; their table entries become PAD_BLOCK.
+
+        Expiry is measured from the earliest query still to run, which is
+        never past the verified tokens: drafts may be rejected, and the query
+        after a rollback still needs the keys before it.
 
         They are full and already laid out, so a registered one keeps its hash
         and stays findable (cached) until evicted: a later prompt with the
         same prefix can still hit it.
         """
-        end = self.held_from(seq.num_committed)
+        end = self.held_from(seq.earliest_query)
         count = max(0, end - seq.released)
         for i in range(seq.released, end):
             self.pool.decref(seq.table[i])
@@ -689,6 +775,35 @@ class BlockManager:
             for i, (h, x) in enumerate(zip(hashes[:best], blocks, strict=False))
         ]
 
+    def _drafting(self, seq_id: object) -> _Sequence:
+        """The held sequence ``seq_id``, which must have drafts in flight."""
+        seq = self._get("seq_id", seq_id)
+        if not seq.num_draft:
+            raise SpeculationError(
+                f"seq_id {seq_id} has no drafts in flight (never drafted, or already "
+                "verified or rolled back)"
+            )
+        return seq
+
+    def _truncate(self, seq: _Sequence, length: int) -> list[int]:
+        """Drop the tokens from ``length`` on (drafts only), their blocks, and return their slots.
+
+        The dropped blocks were allocated fresh for drafts (a copy-on-write
+        copy is only ever made for the block of the first token appended,
+        which is verified), so they hold no hash and no pending copy, and
+        this sequence is their one holder: each goes straight back to the pool.
+        """
+        b = self.block_size
+        rejected = slot_range(seq.table, length, len(seq.tokens), b)
+        keep = cdiv(length, b)
+        for block in reversed(seq.table[keep:]):
+            self.pool.decref(block)
+        del seq.table[keep:], seq.tokens[length:]
+        seq.num_draft = 0
+        seq.num_committed = min(seq.num_committed, length)
+        self._name_full_blocks(seq)
+        return rejected
+
     def _needs_copy(self, seq: _Sequence) -> bool:
         """The next token lands in the last block, and another *table* also holds that block.
 
@@ -719,12 +834,13 @@ class BlockManager:
         """Hash the blocks that have just filled, and offer the held ones to the prefix cache.
 
         Without prefix caching nothing is named: no lookup could use the names.
+        Only verified tokens are named: a block holding a draft may yet lose it.
         """
         if not self.enable_prefix_caching:
             return
         b, first = self.block_size, len(seq.hashes)
         parent = seq.hashes[-1] if seq.hashes else None
-        new = seq.tokens[first * b : len(seq.tokens) // b * b]
+        new = seq.tokens[first * b : seq.num_verified // b * b]
         seq.hashes.extend(prompt_block_hashes(new, b, seq.extra_keys, parent=parent))
         for i in range(max(first, seq.released), len(seq.hashes)):
             self.pool.register(seq.table[i], seq.hashes[i])

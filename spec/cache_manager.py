@@ -10,6 +10,8 @@ never fails half-way through a step.
 * admission control, at submission: :meth:`check_admissible` (it only refuses);
 * admit a waiting sequence: :meth:`can_admit`, then :meth:`admit`;
 * give a running sequence more tokens: :meth:`can_grow`, then :meth:`grow`;
+  with ``num_draft = k`` the last ``k`` are drafts (lookahead slots), then
+  :meth:`verify` or :meth:`rollback` (:mod:`spec.speculative`);
 * preempt, by recompute or by swap: :meth:`can_swap_out`, then :meth:`preempt`;
 * resume a swapped-out sequence: :meth:`can_swap_in`, then :meth:`swap_in`;
 * fork a sequence (samples, beams): :meth:`can_fork`, then :meth:`fork`;
@@ -120,13 +122,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from spec.batch import BatchMetadata, StateLayout, build_batch
-from spec.block_manager import PAD_SLOT, BlockManager
+from spec.block_manager import PAD_BLOCK, PAD_SLOT, BlockManager
 from spec.block_pool import BlockPool
 from spec.errors import (
     ArgumentValueError,
     CapacityError,
     DuplicateSequenceError,
     OutOfBlocksError,
+    SpeculationError,
     UnknownSequenceError,
 )
 from spec.kv_budget import cdiv
@@ -405,25 +408,37 @@ class CacheManager:
 
     # -- growth ----------------------------------------------------------------------
 
-    def can_grow(self, seq_id: int, num_new: int) -> bool:
+    def can_grow(self, seq_id: int, num_new: int, *, num_draft: int = 0) -> bool:
         """Could running sequence ``seq_id`` get slots for ``num_new`` more tokens now?
 
         Counts what every group takes (new blocks, copy-on-write copies) less
-        what windows give back first.
+        what windows give back first. When ``num_draft`` of them are drafts,
+        a state group also needs ``1 + num_draft`` free lookahead slots.
         """
+        k = check_int("num_draft", num_draft, low=0)
+        if k and self._state is not None and not self._state.can_draft(k):
+            return False
         if len(self._managers) == 1:
             return self._managers[0].can_append(seq_id, num_new)
         return self._growth(seq_id, num_new) <= self._pool.num_available
 
-    def grow(self, seq_id: int, tokens: Sequence[int]) -> list[int]:
+    def grow(self, seq_id: int, tokens: Sequence[int], *, num_draft: int = 0) -> list[int]:
         """Give slots to the next ``tokens`` of a running sequence (copy-on-write first).
 
-        Returns group 0's slots. Windows release first, then every group appends.
+        Returns group 0's slots. Windows release first, then every group
+        appends. The last ``num_draft`` tokens are drafts: every paged group
+        gives them lookahead slots, and a state group lookahead state slots.
         """
-        if len(self._managers) == 1:
-            return self._managers[0].append_slots(seq_id, tokens)
         toks = check_token_ids("tokens", tokens)
-        if not self.can_grow(seq_id, len(toks)):
+        k = check_int("num_draft", num_draft, low=0)
+        if k:
+            self._check_draft(seq_id, len(toks), k)
+        if len(self._managers) == 1:
+            slots = self._managers[0].append_slots(seq_id, toks, num_draft=k)
+            if k and self._state is not None:
+                self._state.draft(seq_id, k)
+            return slots
+        if not self.can_grow(seq_id, len(toks), num_draft=k):
             self._pool.num_allocation_failures += 1
             raise OutOfBlocksError(
                 f"sequence {seq_id} needs {self._growth(seq_id, len(toks))} more blocks over its "
@@ -431,10 +446,67 @@ class CacheManager:
             )
         for m in self._managers:
             m.release_expired(seq_id)
-        slots = self._managers[0].append_slots(seq_id, toks)
+        slots = self._managers[0].append_slots(seq_id, toks, num_draft=k)
         for m in self._managers[1:]:
-            m.append_slots(seq_id, toks)
+            m.append_slots(seq_id, toks, num_draft=k)
+        if k and self._state is not None:
+            self._state.draft(seq_id, k)
         return slots
+
+    def _check_draft(self, seq_id: int, num_tokens: int, num_draft: int) -> None:
+        """Refuse a draft the managers would refuse half-way (state slots, drafts in flight)."""
+        m = self._managers[0]
+        if m.num_drafts(seq_id):
+            raise SpeculationError(
+                f"seq_id {seq_id} has {m.num_drafts(seq_id)} drafts in flight: verify or "
+                "roll them back before drafting again"
+            )
+        if num_draft >= num_tokens:
+            raise ArgumentValueError(
+                f"num_draft must be below the {num_tokens} tokens appended (the last verified "
+                f"token comes before the drafts), got {num_draft}"
+            )
+        if self._state is not None and not self._state.can_draft(num_draft):
+            self._pool.num_allocation_failures += 1
+            raise OutOfBlocksError(
+                f"state pool: seq_id {seq_id} needs {1 + num_draft} lookahead state slots, "
+                f"{self._state.pool.num_free} free"
+            )
+
+    # -- speculation: verify or roll back -------------------------------------------------
+
+    def num_drafts(self, seq_id: int) -> int:
+        """Drafts in flight for running ``seq_id`` (0 unless it speculates)."""
+        return self.manager.num_drafts(seq_id)
+
+    def verify(self, seq_id: int, num_accepted: int) -> list[int]:
+        """Accept ``num_accepted`` drafts of ``seq_id`` in every group; return group 0's
+        rejected slots. Blocks holding only rejected tokens return to the pool now."""
+        rejected = self.manager.verify(seq_id, num_accepted)  # checks all; the rest follow
+        for m in self._managers[1:]:
+            m.verify(seq_id, num_accepted)
+        if self._state is not None:
+            self._state.verify(seq_id, num_accepted)
+        return rejected
+
+    def rollback(self, seq_id: int) -> list[int]:
+        """Reject every draft in flight of ``seq_id`` in every group; return group 0's slots.
+
+        The last verified token stays. If the step ran, its KV is written and
+        so is the state after it (lookahead slot 0, which the state keeps: a
+        rollback then equals verifying no draft); if not, both are still to
+        compute, from the checkpoint.
+        """
+        ran = not self.manager.num_uncommitted(seq_id) if seq_id in self.manager else False
+        rejected = self.manager.rollback(seq_id)
+        for m in self._managers[1:]:
+            m.rollback(seq_id)
+        if self._state is not None:
+            if ran:
+                self._state.verify(seq_id, 0)
+            else:
+                self._state.rollback(seq_id)
+        return rejected
 
     def _growth(self, seq_id: int, num_new: int) -> int:
         """Net blocks ``num_new`` more tokens take from the pool, over every group."""
@@ -446,7 +518,7 @@ class CacheManager:
 
     def can_swap_out(self, seq_id: int) -> bool:
         """Do the host pools have room for every block (and the state) of running ``seq_id``?"""
-        held = sum(len(m.held_blocks(seq_id)) for m in self._managers)
+        held = sum(len(self._held_verified(m, seq_id)) for m in self._managers)
         return held <= self._host.num_free and (
             self._state is None or self._host_state.num_free > 0
         )
@@ -458,8 +530,11 @@ class CacheManager:
         blocks to host blocks, every group's, and the state slot, before
         anything else in the step); by recompute, returns None and the
         sequence will recompute its tokens later (its state too).
+
+        Drafts in flight are rolled back first: only verified tokens are
+        swapped (their blocks, and the state's checkpoint) or recomputed.
         """
-        held = [m.held_blocks(seq_id) for m in self._managers]
+        held = [self._held_verified(m, seq_id) for m in self._managers]
         if not check_bool("swap", swap):
             self._free_device(seq_id)
             return None
@@ -468,6 +543,8 @@ class CacheManager:
             raise OutOfBlocksError(
                 f"host pool: sequence {seq_id} needs {need} blocks and its state, {free} free"
             )
+        if self.num_drafts(seq_id):
+            self.rollback(seq_id)
         hosts = self._host.allocate(sum(len(h) for h in held))
         per_group, start = [], 0
         for h in held:
@@ -486,6 +563,12 @@ class CacheManager:
         )
         self._free_device(seq_id)
         return out
+
+    def _held_verified(self, m: BlockManager, seq_id: int) -> tuple[int, ...]:
+        """The blocks ``seq_id`` holds in ``m`` that a rollback of its drafts would keep."""
+        table = m.block_table(seq_id)
+        keep = blocks_for(m.num_tokens(seq_id) - m.num_drafts(seq_id), self._block_size)
+        return tuple(b for b in table[:keep] if b != PAD_BLOCK)
 
     def can_swap_in(self, seq_id: int, num_new: int) -> bool:
         """Could swapped-out ``seq_id`` come back into fresh blocks, plus ``num_new`` tokens?"""
@@ -593,9 +676,12 @@ class CacheManager:
         """
         if self._state is None:
             return build_batch(self.manager, scheduled, groups=self._managers[1:])
-        slots = tuple(self._state.slot(seq_id) for seq_id, _ in scheduled)
+        st = self._state
+        slots = tuple(st.slot(seq_id) for seq_id, _ in scheduled)
+        ahead = tuple(st.lookahead(seq_id) for seq_id, _ in scheduled)
         batch = build_batch(self.manager, scheduled, groups=self._managers[1:])
-        return replace(batch, state=StateLayout(slots, tuple(self._state.take_copies())))
+        lookahead = ahead if any(ahead) else ()
+        return replace(batch, state=StateLayout(slots, tuple(st.take_copies()), lookahead))
 
     # -- reporting and checks --------------------------------------------------------------
 

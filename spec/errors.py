@@ -59,6 +59,15 @@ class StepBoundaryError(InvalidRequestError):
     """
 
 
+class SpeculationError(InvalidRequestError):
+    """A speculative operation out of turn (:mod:`spec.speculative`).
+
+    Verifying or rolling back a sequence with no drafts in flight (verifying
+    twice is one such call), drafting again before the last drafts are
+    verified, or forking a sequence whose drafts are still in flight.
+    """
+
+
 class InvalidBatchError(InvalidRequestError):
     """Batch metadata that is not well formed (see :meth:`spec.batch.BatchMetadata.validate`)."""
 

@@ -41,6 +41,21 @@ takes the copy:
 1
 >>> states.take_copies(), states.pool.num_free
 ([(0, 1)], 2)
+
+**Speculation.** State cannot be truncated: the state after 1 + a tokens
+cannot be recovered from the state after 1 + k. So the spec keeps the
+sequence's own slot as a *checkpoint* that a speculative step only reads,
+and gives the step ``1 + k`` *lookahead* slots: slot ``j`` receives the state
+after the last verified token and ``j`` drafts. Verifying ``a`` drafts makes
+lookahead slot ``a`` the sequence's slot and frees the rest with the old
+checkpoint; a rollback frees the lookahead slots and the checkpoint is still
+exact. A speculating sequence holds ``2 + k`` slots until its verification:
+
+>>> states = StateManager(StatePool(6))
+>>> states.add(0), states.draft(0, 2)              # the checkpoint, then 1 + 2 lookahead slots
+(0, (1, 2, 3))
+>>> states.verify(0, 1); states.slot(0), states.pool.num_free   # 1 draft accepted
+(2, 5)
 """
 
 from __future__ import annotations
@@ -55,6 +70,7 @@ from spec.errors import (
     DoubleFreeError,
     DuplicateSequenceError,
     OutOfBlocksError,
+    SpeculationError,
     UnknownBlockError,
     UnknownSequenceError,
 )
@@ -189,6 +205,7 @@ class StateManager:
         self.pool = pool
         self._slots: dict[int, int] = {}
         self._copies: dict[int, int] = {}  # dst -> src, oldest first
+        self._lookahead: dict[int, tuple[int, ...]] = {}  # seq id -> its speculative step's slots
 
     def __contains__(self, seq_id: object) -> bool:
         """Whether ``seq_id`` holds a slot (anything but an int, ``False`` say, holds none)."""
@@ -202,6 +219,48 @@ class StateManager:
 
     def pending_copies(self) -> tuple[tuple[int, int], ...]:
         return tuple((src, dst) for dst, src in self._copies.items())
+
+    def lookahead(self, seq_id: int) -> tuple[int, ...]:
+        """The lookahead slots of a speculating sequence (empty when it has no drafts)."""
+        return self._lookahead.get(self._held(seq_id), ())
+
+    def can_draft(self, num_draft: int) -> bool:
+        """Are there ``1 + num_draft`` free slots for a speculative step's lookahead states?"""
+        return 1 + check_int("num_draft", num_draft, low=0) <= self.pool.num_free
+
+    def draft(self, seq_id: int, num_draft: int) -> tuple[int, ...]:
+        """Give ``seq_id`` ``1 + num_draft`` lookahead slots; its own slot becomes a checkpoint."""
+        sid = self._held(seq_id)
+        k = check_int("num_draft", num_draft, low=1)
+        if sid in self._lookahead:
+            raise SpeculationError(f"seq_id {sid} has drafts in flight: verify or roll back first")
+        if not self.can_draft(k):
+            self.pool.num_allocation_failures += 1
+            raise OutOfBlocksError(
+                f"state pool: {1 + k} lookahead slots wanted for seq_id {sid}, "
+                f"{self.pool.num_free} free"
+            )
+        self._lookahead[sid] = tuple(self.pool.allocate() for _ in range(1 + k))
+        return self._lookahead[sid]
+
+    def verify(self, seq_id: int, num_accepted: int) -> None:
+        """Keep the state after ``num_accepted`` drafts: lookahead slot ``num_accepted``."""
+        sid = self._drafting(seq_id)
+        slots = self._lookahead[sid]
+        a = check_int("num_accepted", num_accepted, low=0, high=len(slots) - 1)
+        del self._lookahead[sid]
+        for s in (self._slots[sid], *slots[:a], *slots[a + 1 :]):
+            self.pool.decref(s)
+        self._slots[sid] = slots[a]
+
+    def rollback(self, seq_id: int) -> None:
+        """Drop the lookahead slots of a step that did not run: the checkpoint is the state.
+
+        (After the step ran, the last verified token's state is lookahead slot
+        0: a rollback then is ``verify(seq_id, 0)``.)
+        """
+        for s in self._lookahead.pop(self._drafting(seq_id)):
+            self.pool.decref(s)
 
     def source(self, seq_id: int) -> int:
         """The slot that holds the sequence's state right now: its own, or, while a fork's copy
@@ -223,6 +282,10 @@ class StateManager:
         state, so that no slot is both a source and a destination.
         """
         src = self._slots[self._held(parent_id)]
+        if parent_id in self._lookahead:
+            raise SpeculationError(
+                f"parent_id {parent_id} has drafts in flight: fork after they are verified"
+            )
         src = self._copies.get(src, src)
         cid = self._new(child_id)
         dst = self.pool.allocate()
@@ -232,7 +295,10 @@ class StateManager:
 
     def free(self, seq_id: int) -> None:
         """Drop a sequence's slot (and a pending copy into it: nobody will read it)."""
-        slot = self._slots.pop(self._held(seq_id))
+        sid = self._held(seq_id)
+        for s in self._lookahead.pop(sid, ()):
+            self.pool.decref(s)
+        slot = self._slots.pop(sid)
         src = self._copies.pop(slot, None)
         if src is not None:
             self.pool.decref(src)
@@ -249,8 +315,11 @@ class StateManager:
     def check_integrity(self, live: Iterable[int] | None = None) -> None:
         """Assert one slot per sequence, distinct, copies into held slots; with ``live``, that
         exactly those sequences hold a slot."""
-        slots = list(self._slots.values())
-        assert len(set(slots)) == len(slots), f"two sequences share a state slot: {self._slots}"
+        slots = list(self._slots.values()) + [s for ls in self._lookahead.values() for s in ls]
+        assert len(set(slots)) == len(slots), (
+            f"two sequences share a state slot: {self._slots}, lookahead {self._lookahead}"
+        )
+        assert set(self._lookahead) <= set(self._slots), "lookahead slots of an unheld sequence"
         if live is not None:
             assert set(live) == set(self._slots), (
                 f"sequences {sorted(live)} hold KV, but {sorted(self._slots)} hold state slots"
@@ -265,6 +334,12 @@ class StateManager:
         sid = check_int("seq_id", seq_id, low=0)
         if sid not in self._slots:
             raise UnknownSequenceError(f"sequence {sid} holds no state slot")
+        return sid
+
+    def _drafting(self, seq_id: object) -> int:
+        sid = self._held(seq_id)
+        if sid not in self._lookahead:
+            raise SpeculationError(f"seq_id {sid} has no drafts in flight")
         return sid
 
     def _new(self, seq_id: object) -> int:

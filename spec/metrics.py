@@ -195,6 +195,7 @@ class MetricsRecorder:
     def __init__(self) -> None:
         self.steps: list[StepStats] = []
         self.timelines: dict[int, RequestTimeline] = {}
+        self.speculation: dict[int, tuple[int, int]] = {}  # step -> (drafted, accepted)
 
     def on_submit(
         self, request_id: int, request_class: str, *, step: int, arrival_time: float | None
@@ -215,6 +216,11 @@ class MetricsRecorder:
     def on_finish(self, request_id: int, *, step: int, aborted: bool = False) -> None:
         self.timelines[request_id].finish_step = step
         self.timelines[request_id].aborted = aborted
+
+    def on_verify(self, *, step: int, drafted: int, accepted: int) -> None:
+        """One sequence's drafts of ``step`` verified: ``accepted`` of ``drafted`` kept."""
+        d, a = self.speculation.get(step, (0, 0))
+        self.speculation[step] = (d + drafted, a + accepted)
 
     def add_step(self, stats: StepStats) -> None:
         self.steps.append(stats)
@@ -276,6 +282,28 @@ class MetricsRecorder:
             "preemptions": sum(s.preemptions for s in self.steps),
             "swaps_out": sum(s.swaps_out for s in self.steps),
             "prefix_hit_rate": (last.prefix_hit_tokens / q) if last and q else 0.0,
+            **self.speculation_totals(),
+        }
+
+    def speculation_totals(self) -> dict[str, float]:
+        """Drafts verified, accepted, the acceptance rate (accepted / drafted) and the accepted
+        drafts per step that verified any; empty when nothing was drafted (so a run without
+        speculation reports exactly what it always did).
+
+        >>> m = MetricsRecorder()
+        >>> m.on_verify(step=3, drafted=4, accepted=3); m.on_verify(step=4, drafted=4, accepted=1)
+        >>> m.speculation_totals()
+        {'draft_tokens': 8, 'accepted_tokens': 4, 'acceptance_rate': 0.5, 'accepted_per_step': 2.0}
+        """
+        drafted = sum(d for d, _ in self.speculation.values())
+        if not drafted:
+            return {}
+        accepted = sum(a for _, a in self.speculation.values())
+        return {
+            "draft_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted,
+            "accepted_per_step": accepted / len(self.speculation),
         }
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -38,7 +39,7 @@ from spec.sched_policy import SchedulerConfig, rank
 from spec.sched_queue import RankedQueue
 from spec.sched_types import FinishedRequest, SampleSlot, SchedulerOutput
 from spec.swap import HostPool, SwapIn, SwapOut
-from spec.validate import check_instance, check_int, check_token_id, is_int
+from spec.validate import check_instance, check_int, check_token_id, check_token_ids, is_int
 
 __all__ = ["ContinuousScheduler"]
 
@@ -55,6 +56,7 @@ class _Plan:
     resumed: list[int] = field(default_factory=list)  # sequence ids back from preemption this step
     swap_out: list[SwapOut] = field(default_factory=list)  # copies to the host, done first
     swap_in: list[SwapIn] = field(default_factory=list)  # copies back from the host
+    drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq id -> drafts to verify
     allocation_failures: int = 0  # times a sequence found too few blocks
 
 
@@ -71,6 +73,7 @@ class ContinuousScheduler:
         self._swapped = RankedQueue()  # preempted by swapping: their KV is on the host
         self._running: dict[int, Sequence] = {}  # seq id -> sequence; they hold device blocks
         self._pending: SchedulerOutput | None = None
+        self._proposals: dict[int, tuple[int, ...]] = {}  # seq id -> drafts for the next step
         self._aborted: list[int] = []
         self._next_seq_id = 0
         self._arrivals = 0
@@ -166,6 +169,22 @@ class ContinuousScheduler:
         self._metrics.on_finish(request_id, step=self._step, aborted=True)
         self._aborted.append(request_id)
 
+    def propose(self, seq_id: int, drafts: Tokens[int]) -> None:
+        """Offer draft tokens for running ``seq_id``'s next step (between ``update`` and ``step``).
+
+        The next step verifies up to ``num_speculative_tokens`` of them if the
+        sequence is decoding, the budget has ``1 + k`` tokens for it and memory
+        has lookahead slots for them (else it decodes one token as usual).
+        Proposals last one step.
+        """
+        sid = check_int("seq_id", seq_id, low=0)
+        toks = check_token_ids("drafts", drafts)
+        if self._pending is not None:
+            raise InvalidRequestError("propose() between update() and step(), not mid-step")
+        if sid not in self._running:
+            raise ArgumentValueError(f"seq_id {sid} is not a running sequence")
+        self._proposals[sid] = toks
+
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._swapped or self._running or self._pending)
 
@@ -186,13 +205,16 @@ class ContinuousScheduler:
             self._admit(plan)
         out = self._emit(plan)
         self._pending = out
+        self._proposals = {}
         return out
 
-    def update(self, sampled: Mapping[int, int]) -> list[FinishedRequest]:
+    def update(self, sampled: Mapping[int, int | Tokens[int]]) -> list[FinishedRequest]:
         """Append each sampled token; fork at a prompt's end; finish on stop or length.
 
         ``sampled`` maps every ``SampleSlot.seq_id`` of the last step, and
-        nothing else, to a token id. Checked in full before any token is
+        nothing else, to a token id; a speculative row's (``out.drafts``) may
+        map to its accepted drafts then the target's next token, which
+        verifies them (the memory side rejects the rest). Checked in full before any token is
         appended: a refused call changes nothing and may be retried.
         """
         out = self._pending
@@ -204,10 +226,19 @@ class ContinuousScheduler:
                 parent = self._requests[slot.request_id][0]
                 self._fork(parent, slot)
         finished = []
+        drafts = dict(out.drafts)
         for slot in out.samples:
-            done = self._append_token(self._running[slot.seq_id], tokens[slot.seq_id])
-            if done is not None:
-                finished.append(done)
+            seq, toks = self._running[slot.seq_id], tokens[slot.seq_id]
+            if slot.seq_id in drafts:
+                self._verify(seq, len(drafts[slot.seq_id]), len(toks) - 1)
+            for j, token in enumerate(toks):
+                done = self._append_token(seq, token)
+                if done is not None:
+                    finished.append(done)
+                if seq.status is not SeqStatus.RUNNING:
+                    break  # a stop token among the accepted drafts ends the sample there
+                if j < len(toks) - 1:
+                    seq.num_computed += 1  # an accepted draft: this step computed its KV
         self._pending = None
         self._step += 1
         return finished
@@ -227,6 +258,11 @@ class ContinuousScheduler:
             k = self._chunk(seq, plan)
             if k == 0:
                 continue  # budget spent: it keeps its blocks and runs next step
+            drafts = self._drafts(seq, k, plan)
+            if drafts and not self._cache.can_grow(
+                seq.seq_id, k + len(drafts), num_draft=len(drafts)
+            ):
+                drafts = ()  # no room for the lookahead: decode one token, preempt no one for it
             while not self._cache.can_grow(seq.seq_id, k):
                 plan.allocation_failures += 1
                 if not queue:
@@ -234,8 +270,28 @@ class ContinuousScheduler:
                     break
                 self._preempt(queue.pop(), plan)
             else:
-                self._cache.grow(seq.seq_id, seq.tokens[seq.num_computed : seq.num_computed + k])
-                self._charge(seq, k, plan)
+                new = seq.tokens[seq.num_computed : seq.num_computed + k] + list(drafts)
+                self._cache.grow(seq.seq_id, new, num_draft=len(drafts))
+                self._charge(seq, k, plan, drafts)
+
+    def _drafts(self, seq: Sequence, k: int, plan: _Plan) -> tuple[int, ...]:
+        """The proposed drafts ``seq`` verifies this step: none unless it decodes one token.
+
+        At most ``num_speculative_tokens``, what the budget (and chunk cap)
+        leaves after the verified token, and what ``max_new_tokens`` leaves
+        room for: ``1 + a`` new tokens must never pass it.
+        """
+        proposed = self._proposals.get(seq.seq_id, ())
+        if not proposed or k != 1 or seq.remaining != 1 or not seq.forked:
+            return ()
+        room = seq.request.max_new_tokens - seq.num_generated - 1
+        n = min(self._config.num_speculative_tokens, self._chunk_limit(plan) - 1, room)
+        return proposed[: max(0, n)]
+
+    def _verify(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        """Keep ``accepted`` of the step's ``drafted`` drafts; the memory side rejects the rest."""
+        self._cache.verify(seq.seq_id, accepted)
+        self._metrics.on_verify(step=self._step, drafted=drafted, accepted=accepted)
 
     def _preempt(self, seq: Sequence, plan: _Plan) -> None:
         """Take ``seq``'s blocks back now: to the host pool if swapping and room, else drop them."""
@@ -315,19 +371,25 @@ class ContinuousScheduler:
 
     # -- step, part 3: the batch -------------------------------------------------------
 
-    def _charge(self, seq: Sequence, k: int, plan: _Plan) -> None:
-        """Record that ``seq``'s next ``k`` tokens (which have slots now) compute this step."""
+    def _charge(self, seq: Sequence, k: int, plan: _Plan, drafts: tuple[int, ...] = ()) -> None:
+        """Record that ``seq``'s next ``k`` tokens and ``drafts`` (with slots now) compute this
+        step: all of them count in the budget; only the ``k`` count as computed until verified."""
         seq.num_computed += k
-        plan.budget -= k
+        plan.budget -= k + len(drafts)
         plan.scheduled.append((seq, k))
+        if drafts:
+            plan.drafts[seq.seq_id] = drafts
         self._metrics.on_scheduled(seq.request.request_id, step=self._step)
 
     def _emit(self, plan: _Plan) -> SchedulerOutput:
-        batch = self._cache.layout([(s.seq_id, k) for s, k in plan.scheduled])
+        drafts = plan.drafts
+        rows = [(s.seq_id, k + len(drafts.get(s.seq_id, ()))) for s, k in plan.scheduled]
+        batch = self._cache.layout(rows)
         token_ids: list[int] = []
         samples: list[SampleSlot] = []
         for row, (seq, k) in enumerate(plan.scheduled):
             token_ids.extend(seq.tokens[seq.num_computed - k : seq.num_computed])
+            token_ids.extend(drafts.get(seq.seq_id, ()))
             if seq.num_computed == len(seq.tokens):
                 samples.extend(self._sample_slots(row, seq))
         self._record(plan, batch.num_seqs, batch.num_tokens)
@@ -342,6 +404,7 @@ class ContinuousScheduler:
             swap_out=tuple(plan.swap_out),
             swap_in=tuple(plan.swap_in),
             aborted=aborted,
+            drafts=tuple(drafts.items()),
         )
 
     def _sample_slots(self, row: int, seq: Sequence) -> list[SampleSlot]:
@@ -479,10 +542,14 @@ class ContinuousScheduler:
             assert seq.status is SeqStatus.WAITING and not self._cache.holds(seq.seq_id)
         seats = sum(s.seats for s in self._running.values())
         assert seats <= self._config.max_num_seqs, f"{seats} seats taken"
+        if self._pending is None:
+            drafting = [s for s in self._running if self._cache.num_drafts(s)]
+            assert not drafting, f"sequences {drafting} have drafts in flight between steps"
 
 
-def _check_sampled(out: SchedulerOutput, sampled: object) -> dict[int, int]:
-    """``sampled`` as ``{seq_id: token}``, if it names exactly the step's samples, each a token."""
+def _check_sampled(out: SchedulerOutput, sampled: object) -> dict[int, tuple[int, ...]]:
+    """``sampled`` as ``{seq_id: tokens}``, if it names exactly the step's samples, each a token;
+    a speculative row's sample may instead be its accepted drafts then one more token."""
     if not isinstance(sampled, Mapping):
         raise ArgumentTypeError(
             f"sampled must be a mapping from seq_id to token id, got {type(sampled).__name__}"
@@ -500,4 +567,25 @@ def _check_sampled(out: SchedulerOutput, sampled: object) -> dict[int, int]:
             f"{sorted(expected)}: missing {sorted(expected - keys)}, "
             f"unexpected {sorted(keys - expected)}"
         )
-    return {int(k): check_token_id(f"sampled[{k}]", v) for k, v in sampled.items()}
+    drafts = dict(out.drafts)
+    return {
+        int(k): _sampled_tokens(f"sampled[{k}]", v, drafts.get(int(k), ()))
+        for k, v in sampled.items()
+    }
+
+
+def _sampled_tokens(name: str, value: object, drafts: tuple[int, ...]) -> tuple[int, ...]:
+    """One token, or for a row with ``k`` drafts ``1 + a`` tokens whose first ``a`` are drafts."""
+    if is_int(value) or not drafts:
+        return (check_token_id(name, value),)
+    tokens = check_token_ids(name, value)
+    if not 1 <= len(tokens) <= len(drafts) + 1:
+        raise ArgumentValueError(
+            f"{name} must hold 1 + a tokens, a in 0..{len(drafts)} (the accepted drafts, then "
+            f"the next token), got {len(tokens)}"
+        )
+    if tokens[:-1] != drafts[: len(tokens) - 1]:
+        raise ArgumentValueError(
+            f"{name} must start with accepted drafts {drafts[: len(tokens) - 1]}, got {tokens}"
+        )
+    return tokens

@@ -83,7 +83,7 @@ _POSITIVE = (
     "max_model_len",
     "aging_steps",
 )
-_NON_NEGATIVE = ("num_host_blocks",)
+_NON_NEGATIVE = ("num_host_blocks", "num_speculative_tokens")
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,10 @@ class SchedulerConfig:
     ``num_state_slots`` (default ``max_num_seqs``) must be at least
     ``max_num_seqs``: every seat has a state slot, so no admission or fork
     ever waits for one; ``num_host_state_slots`` are the host's, for swapping.
+
+    ``num_speculative_tokens`` (``k >= 0``) is the most drafts a decoding
+    sequence verifies in one step (:mod:`spec.speculative`): its row then
+    carries ``1 + k`` tokens, all counted in the token budget.
     """
 
     num_blocks: int  # blocks in the device pool
@@ -118,6 +122,7 @@ class SchedulerConfig:
     kv_groups: tuple[KVCacheGroup, ...] = ()  # empty: one full-attention group
     num_state_slots: int | None = None  # with a state group; None: max_num_seqs
     num_host_state_slots: int = 0  # the host's state slots, for swapping
+    num_speculative_tokens: int = 0  # drafts a decode may verify per step (spec.speculative)
 
     def __post_init__(self) -> None:
         values: dict[str, object] = {n: check_positive(n, getattr(self, n)) for n in _POSITIVE}

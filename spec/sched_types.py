@@ -57,6 +57,10 @@ class SchedulerOutput:
     Execute in this order: ``swap_out`` (read the device blocks), then
     ``batch.copies``, then ``swap_in`` (write through the new slots), then the
     forward pass over ``token_ids`` laid out by ``batch``.
+
+    A speculative row (``drafts`` names it) ends with its ``k`` drafts: its
+    sample reports the accepted drafts and the target's next token, ``1 + a``
+    tokens (:func:`spec.speculative.accepted_prefix`), not one.
     """
 
     step: int  # the step's number, from 0
@@ -68,6 +72,7 @@ class SchedulerOutput:
     swap_out: tuple[SwapOut, ...] = ()  # done first
     swap_in: tuple[SwapIn, ...] = ()  # done after the copies, before the forward pass
     aborted: tuple[int, ...] = ()  # request ids aborted since the last step
+    drafts: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (seq_id, drafts) per speculative row
 
     @property
     def scheduled(self) -> tuple[tuple[int, int], ...]:
