@@ -137,6 +137,19 @@ def same_precision(dtype: str, quantized_kv: bool) -> DevicePrecision:
     )
 
 
+def round_to_dtype(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """``x`` rounded to ``dtype`` through float32, as :func:`conformance.dtypes.round_to` does.
+
+    Both round to nearest, ties to even, so the two agree bit for bit
+    (``tests/test_fast_reference.py`` checks ties, subnormals and overflow).
+    """
+    th = _torch()
+    out: torch.Tensor = x.to(th.float32).to(
+        getattr(th, check_choice("dtype", dtype, ROUNDING_DTYPES))
+    )
+    return out
+
+
 def _torch() -> Any:
     """torch, imported on first use: the rest of the suite runs without it."""
     try:
@@ -270,8 +283,8 @@ def paged_attention(
     what is wrong; a limit too small for one tile raises
     :class:`~conformance.judges.tile_plan.MemoryLimitError`.
     """
-    torch = _torch()
-    q = _check_query(torch, query, batch, kv)
+    th = _torch()
+    q = _check_query(th, query, batch, kv)
     num_heads, num_kv_heads, head_dim = q.shape[1], kv.key.shape[2], kv.key.shape[3]
     if batch.block_size != kv.key.shape[1]:
         raise InvalidRequestError(
@@ -285,8 +298,8 @@ def paged_attention(
     variant.check_heads(num_heads)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
     shape = HeadShape(num_heads, num_kv_heads, head_dim)
-    out: torch.Tensor = torch.empty(
-        (batch.num_tokens, num_heads, head_dim), dtype=torch.float64, device=q.device
+    out: torch.Tensor = th.empty(
+        (batch.num_tokens, num_heads, head_dim), dtype=th.float64, device=q.device
     )
     if batch.num_seqs == 0:
         return out
@@ -305,8 +318,8 @@ def paged_attention(
         tiles,
     )
     items = split_items(starts, seq_lens, variant.window, q_tile)
-    tables = _tables(torch, batch, group, kv, items)
-    run = _Launcher(torch, q, kv, tables, shape, scale, variant, precision)
+    tables = _tables(th, batch, group, kv, items)
+    run = _Launcher(th, q, kv, tables, shape, scale, variant, precision)
     for launch in plan_launches(items, shape, k_tile, memory_limit):
         rows, values = run(launch, k_tile)
         out[rows] = values
@@ -333,10 +346,8 @@ def _check_query(torch: Any, query: Any, batch: BatchMetadata, kv: PagedKV) -> A
 
 def _tables(torch: Any, batch: BatchMetadata, group: int, kv: PagedKV, items: Items) -> Any:
     """Group ``group``'s tables as rows of ``kv``, each block an item reads checked to be one."""
-    table = batch.arrays().group_tables[group] if group < batch.num_groups else None
-    if table is None:
-        batch.tables(group)  # raises the spec's error naming the group
-    assert table is not None
+    batch.tables(check_int("group", group, low=0))  # the spec's error for a group it lacks
+    table = batch.arrays().group_tables[group]
     rows = table.astype(np.int64)
     if kv.block_ids is not None:
         ids = np.asarray(kv.block_ids, dtype=np.int64)
@@ -460,8 +471,7 @@ class _Launcher:
         return total if self.sinks is None else total + (self.sinks - top).exp()
 
     def _round(self, x: Any, dtype: str) -> Any:
-        """``x`` rounded to ``dtype`` through float32, as :func:`conformance.dtypes.round_to`."""
-        return x.to(self.t.float32).to(getattr(self.t, dtype)).to(self.cdt)
+        return round_to_dtype(x, dtype).to(self.cdt)
 
     def _scores(self, ctx: _Tile, j: int) -> tuple[Any, Any, Any]:
         """Tile ``j``'s scores ``[S, H, n, k]``, every variant applied, invisible ones -inf."""
@@ -484,7 +494,7 @@ class _Launcher:
         return scores, kpos, valid
 
     def _gather(self, flat: Any, ctx: _Tile, kpos: Any, valid: Any, which: int) -> Any:
-        """K or V at ``kpos``, ``[S, k, H_kv, D]``, as read: dequantised, rounded, 0 past the end."""
+        """K or V at ``kpos``, ``[S, k, H_kv, D]``, as read: dequantised, rounded, 0 past ``hi``."""
         t = self.t
         table = self.tables[ctx.arrays["seq"]]  # [S, W]
         column = (kpos // self.block).clamp(max=table.shape[1] - 1)
