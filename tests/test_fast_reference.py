@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from conformance.dtypes import round_to
 from conformance.judges import fast_reference as fr
-from conformance.judges.tile_plan import MemoryLimitError
+from conformance.judges.tile_plan import MemoryLimitError, split_items
 from conformance.numerics import same_precision as numpy_same_precision
 from conformance.numerics import ulp
 from spec.attention import AttentionVariant, alibi_slopes, paged_attention
@@ -159,7 +159,7 @@ def _both(ex: Example) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         ex.scale,
         variant=ex.variant,
         group=ex.layer,
-        **spec_precision,  # type: ignore[arg-type]
+        **spec_precision,
     )
     precision = (
         fr.EXACT
@@ -203,7 +203,7 @@ def _scale_of(ex: Example) -> float:
     logits = ex.scale * q_max * k_max * ex.query.shape[2]
     if ex.variant.alibi_slopes is not None:
         logits += max(ex.variant.alibi_slopes) * max(ex.batch.seq_lens)
-    return v_max * (1.0 + logits)
+    return float(v_max * (1.0 + logits))
 
 
 def check_example(ex: Example) -> None:
@@ -245,7 +245,7 @@ def _planted(monkeypatch: pytest.MonkeyPatch, bug: str) -> Iterator[None]:
     keys gathered and in the mask) or "no sink" (the sink neither in the maximum nor the sum)."""
     with monkeypatch.context() as m:
         if bug == "window+1":
-            split, init = fr.split_items, fr._Launcher.__init__
+            split, init = split_items, fr._Launcher.__init__
 
             def wide_split(starts: Any, lens: Any, window: int | None, q_tile: int) -> Any:
                 return split(starts, lens, None if window is None else window + 1, q_tile)
@@ -279,3 +279,124 @@ def test_a_planted_bug_is_caught(
 
     with _planted(monkeypatch, bug), pytest.raises(AssertionError):
         run()
+
+
+# -- where the spec rounds: the same roundings, bit for bit ----------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_rounding_is_the_judges_bit_for_bit(dtype: str) -> None:
+    """Ties, subnormals, overflow and ordinary values round as :func:`round_to` rounds them."""
+    rng = np.random.default_rng(1)
+    x = np.concatenate(
+        [
+            rng.normal(size=4096) * 10.0 ** rng.integers(-12, 6, 4096),
+            [
+                1 + 2**-8,
+                1 + 3 * 2**-8,
+                1 + 2**-11,
+                1 + 3 * 2**-11,
+                2**-24 * 1.5,
+                2**-140,
+                7e4,
+                4e38,
+            ],
+            np.nextafter(np.float32(1 + 2**-11), np.float32(2)).astype(np.float64)[None],
+        ]
+    )
+    got = fr.round_to_dtype(torch.from_numpy(x), dtype).to(torch.float64).numpy()
+    with np.errstate(over="ignore"):  # 4e38 overflows float32, as it does in torch
+        np.testing.assert_array_equal(got, round_to(x, dtype))
+    spec = numpy_same_precision(dtype, quantized_kv=True)
+    ours = fr.same_precision(dtype, quantized_kv=True)
+    assert ours.round_kv == dtype and (ours.round_p is None) == (spec.round_p is None)
+    assert ours.compute == spec.compute
+
+
+def test_an_fp8_cache_in_torch_float8_reads_as_the_spec() -> None:
+    """The stored fp8 values as torch float8 tensors, dequantised on the device: the same output."""
+    rng = np.random.default_rng(2)
+    batch, memory = _layout(rng, [30, 9], [30, 1], 4, 2, 8, None, "fp8_e4m3")
+    query = rng.normal(size=(batch.num_tokens, 4, 8))
+    k, v = memory.read_blocks(0, list(range(memory.shape[0])))
+    f8 = fr.PagedKV(
+        torch.from_numpy(np.nan_to_num(k)).to(torch.float8_e4m3fn),
+        torch.from_numpy(np.nan_to_num(v)).to(torch.float8_e4m3fn),
+        memory.kv_scales[0],
+    )
+    got = fr.paged_attention(query, batch, f8, tiles=fr.Tiles(3, 5)).numpy()
+    want = paged_attention(query, batch, memory, 0)
+    assert np.abs(got - want).max() <= 16 * F64_EPS * np.abs(want).max()
+
+
+# -- bad input: specific errors naming it, nothing changed -----------------------------------
+
+
+def _small() -> tuple[BatchMetadata, KVMemory, np.ndarray[Any, np.dtype[np.float64]], fr.PagedKV]:
+    rng = np.random.default_rng(3)
+    batch, memory = _layout(rng, [12, 5], [4, 1], 4, 2, 8, None, None)
+    return (
+        batch,
+        memory,
+        rng.normal(size=(batch.num_tokens, 4, 8)),
+        fr.PagedKV.from_memory(memory, 0, "cpu"),
+    )
+
+
+def test_a_memory_limit_too_small_for_one_tile_is_named() -> None:
+    batch, _, query, kv = _small()
+    with pytest.raises(MemoryLimitError, match="memory limit 100 bytes is too small for one tile"):
+        fr.paged_attention(query, batch, kv, memory_limit=100)
+
+
+@pytest.mark.parametrize("device", ["cuda:7", "cuda:999", "tpu", "not a device"])
+def test_a_device_this_machine_lacks_is_named(device: str) -> None:
+    if device.startswith("cuda") and torch.cuda.device_count() > int(device.split(":")[1]):
+        pytest.fail(f"this test needs a machine without {device}")
+    with pytest.raises(fr.DeviceUnavailableError, match=repr(device).replace("'", "'?")):
+        fr.resolve_device(device)
+    _, memory, _, _ = _small()
+    with pytest.raises(fr.DeviceUnavailableError):
+        fr.PagedKV.from_memory(memory, 0, device)
+
+
+def test_bad_shapes_dtypes_and_devices_are_named() -> None:
+    batch, memory, query, kv = _small()
+    before = query.copy()
+    cases: list[tuple[Any, fr.PagedKV, dict[str, Any], str]] = [
+        (query[:, :, :4], kv, {}, r"query has shape \(6, 4, 4\), expected \[6, H, 8\]"),
+        (query[:3], kv, {}, "query has shape"),
+        (query.astype(np.int64), kv, {}, "query must hold floats"),
+        (torch.zeros(6, 4, 8, dtype=torch.int32), kv, {}, "query must be a float tensor"),
+        (torch.from_numpy(query).to("meta"), kv, {}, "query is on meta, the KV cache on cpu"),
+        (query[:, :3], kv, {}, "3 query heads do not divide into 2"),
+        (query, kv, {"variant": AttentionVariant(sinks=(1.0,))}, "sinks has 1 entries"),
+        (query, kv, {"group": 2}, "group 2 is outside 0..1"),
+        (query, kv, {"scale": -1.0}, "scale"),
+    ]
+    for q, cache, kwargs, message in cases:
+        with pytest.raises(InvalidRequestError, match=message):
+            fr.paged_attention(q, batch, cache, **kwargs)
+    np.testing.assert_array_equal(query, before)
+    with pytest.raises(InvalidRequestError, match="block size 4, but the KV cache has blocks of 2"):
+        fr.paged_attention(
+            query, batch, fr.PagedKV(kv.key.view(-1, 2, 2, 8), kv.value.view(-1, 2, 2, 8))
+        )
+    with pytest.raises(InvalidRequestError, match="key and value differ"):
+        fr.PagedKV(kv.key, kv.value.float())
+    with pytest.raises(InvalidRequestError, match="4-D float tensor"):
+        fr.PagedKV(kv.key[0], kv.value[0])
+    with pytest.raises(InvalidRequestError, match="needs its \\(k_scale, v_scale\\)"):
+        fr.PagedKV(kv.key.to(torch.float8_e4m3fn), kv.value.to(torch.float8_e4m3fn))
+    with pytest.raises(UnknownBlockError, match="is read but is not a block of the KV cache"):
+        part = fr.PagedKV.from_memory(memory, 0, "cpu", blocks=[batch.block_tables[0][0]])
+        fr.paged_attention(query, batch, part)
+
+
+def test_an_upload_of_only_the_blocks_read_gives_the_same_output() -> None:
+    batch, memory, query, kv = _small()
+    used = [b for row in batch.block_tables for b in row if b >= 0]
+    part = fr.PagedKV.from_memory(memory, 0, "cpu", blocks=used)
+    assert part.key.shape[0] == len(set(used))
+    got = fr.paged_attention(query, batch, part)
+    assert torch.equal(got, fr.paged_attention(query, batch, kv))

@@ -181,7 +181,7 @@ def resolve_device(device: object) -> torch.device:
         raise DeviceUnavailableError(f"device {device!r}: the fast reference runs on cpu or cuda")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     index = 0 if dev.index is None else dev.index
-    if index >= count:
+    if not 0 <= index < count:  # torch keeps the index in 8 bits: cuda:999 reads as -25
         raise DeviceUnavailableError(
             f"device {device!r}: this machine has {count} CUDA device(s)"
             + (f" (cuda:0 .. cuda:{count - 1})" if count else "")
