@@ -505,7 +505,9 @@ class _Launcher:
         if self.precision.round_kv is not None:
             x = self._round(x, self.precision.round_kv)
         x = x.to(self.cdt)
-        return t.where(valid[:, :, None, None], x, t.zeros((), dtype=self.cdt, device=self.dev))
+        if which == 1:  # a key past ``hi`` is masked; a value there gets weight 0, so make it 0
+            x.masked_fill_(~valid[:, :, None, None], 0.0)
+        return x
 
 
 @dataclass(frozen=True)
