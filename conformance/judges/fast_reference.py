@@ -207,6 +207,7 @@ class PagedKV:
     value: torch.Tensor
     scales: tuple[float, float] | None = None
     block_ids: tuple[int, ...] | None = None
+    pool_size: int | None = None  # blocks in the pool, when only some are uploaded
 
     def __post_init__(self) -> None:
         torch = _torch()
@@ -248,7 +249,10 @@ class PagedKV:
         read = range(memory.shape[0]) if ids is None else ids
         k, v = memory.read_blocks(layer, list(read))
         scales = memory.kv_scales[layer] if memory.kv_dtype is not None else None
-        return cls(torch.from_numpy(k).to(dev), torch.from_numpy(v).to(dev), scales, ids)
+        to = dev
+        return cls(
+            torch.from_numpy(k).to(to), torch.from_numpy(v).to(to), scales, ids, memory.shape[0]
+        )
 
     @property
     def device(self) -> torch.device:
@@ -256,10 +260,10 @@ class PagedKV:
 
     @property
     def pool_blocks(self) -> int:
-        """Blocks of the pool the tables index: the rows, or past the last block named."""
-        return (
-            int(self.key.shape[0]) if self.block_ids is None else max(self.block_ids, default=0) + 1
-        )
+        """Blocks of the pool the tables index: the rows, else the pool's size or the last named."""
+        if self.block_ids is None:
+            return int(self.key.shape[0])
+        return self.pool_size or max(self.block_ids, default=0) + 1
 
 
 def paged_attention(
