@@ -79,7 +79,7 @@ def _run(case: Case, which: str, device: str, out: mp.Queue[tuple[float, float]]
         from spec.attention import paged_attention
         from spec.kv_memory import KVMemory
 
-        memory = KVMemory(1, pool.shape[0], BLOCK, case.kv_heads, case.head_dim)
+        memory = KVMemory(1, pool.shape[0], BLOCK, case.kv_heads, case.head_dim, lazy=False)
         memory.k[0][:], memory.v[0][:] = pool, -pool
         del pool
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -118,9 +118,10 @@ def measure(case: Case, which: str, device: str) -> tuple[float, float]:
     queue: mp.Queue[tuple[float, float]] = ctx.Queue()
     child = ctx.Process(target=_run, args=(case, which, device, queue))
     child.start()
-    result = queue.get()
     child.join()
-    return result
+    if child.exitcode != 0:
+        raise RuntimeError(f"the {which} reference's run of {case.name!r} failed")
+    return queue.get(timeout=10)
 
 
 def _fmt(seconds: float, peak: float) -> str:
