@@ -22,11 +22,11 @@ import torch
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from conformance.dtypes import round_to
 from conformance.judges import fast_reference as fr
+from conformance.judges.dtypes import round_to
+from conformance.judges.numerics import same_precision as numpy_same_precision
+from conformance.judges.numerics import ulp
 from conformance.judges.tile_plan import MemoryLimitError, split_items
-from conformance.numerics import same_precision as numpy_same_precision
-from conformance.numerics import ulp
 from spec.attention import AttentionVariant, alibi_slopes, paged_attention
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout
 from spec.errors import InvalidRequestError, UnknownBlockError

@@ -11,7 +11,7 @@ otherwise) in tiles whose temporaries stay under a memory limit
   window visibility, a softmax whose maximum and denominator include the sink;
 * fp8 dequantisation (``stored * float32(scale)``, per layer for K and V), GQA,
   any KV cache group's block tables;
-* the same-precision arithmetic :mod:`conformance.numerics` judges with
+* the same-precision arithmetic :mod:`conformance.judges.numerics` judges with
   (:func:`same_precision`): float32 products and sums, K and V read rounded
   to the activation dtype, the unnormalised probabilities ``exp(s - max)``
   rounded before ``P @ V`` and divided by their unrounded sum.
@@ -100,7 +100,7 @@ class DevicePrecision:
 
     ``compute``: the dtype of every product and sum. ``round_kv``: the dtype
     the K and V read are rounded to (through float32, as
-    :func:`conformance.dtypes.round_to` does). ``round_p``: the dtype the
+    :func:`conformance.judges.dtypes.round_to` does). ``round_p``: the dtype the
     unnormalised probabilities are rounded to before ``P @ V``.
     """
 
@@ -124,7 +124,7 @@ EXACT = DevicePrecision()
 
 
 def same_precision(dtype: str, quantized_kv: bool) -> DevicePrecision:
-    """What :func:`conformance.numerics.same_precision` computes, for this module.
+    """What :func:`conformance.judges.numerics.same_precision` computes, for this module.
 
     >>> same_precision("float16", quantized_kv=True)
     DevicePrecision(compute='float32', round_kv='float16', round_p='float16')
@@ -138,7 +138,7 @@ def same_precision(dtype: str, quantized_kv: bool) -> DevicePrecision:
 
 
 def round_to_dtype(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """``x`` rounded to ``dtype`` through float32, as :func:`conformance.dtypes.round_to` does.
+    """``x`` rounded to ``dtype`` through float32, as :func:`~conformance.judges.dtypes.round_to`.
 
     Both round to nearest, ties to even, so the two agree bit for bit
     (``tests/test_fast_reference.py`` checks ties, subnormals and overflow).

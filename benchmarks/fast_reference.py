@@ -10,7 +10,7 @@ prompt's last 8,192-query chunk, for the fast reference only: the numpy one
 would need a 137 GB score matrix. Its time is measured over its first
 ``--prompt-queries`` queries (the peak memory is one launch's, reached at once).
 
-    python -m tools.bench_fast_reference
+    python -m benchmarks.fast_reference
 """
 
 from __future__ import annotations
