@@ -17,7 +17,7 @@ import argparse
 import os
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,6 +27,7 @@ from conformance.reports.report import text_report, write_json, write_junit
 from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
     RunControl,
+    argument_type,
     at_least,
     bounds_mode,
     seconds,
@@ -207,18 +208,6 @@ def _list() -> int:
     return OK
 
 
-def _argtype(parse: Callable[[str], _T]) -> Callable[[str], _T]:
-    """``parse`` (a parser of :mod:`conformance.run.control`) with its message shown by argparse."""
-
-    def checked(text: str) -> _T:
-        try:
-            return parse(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return checked
-
-
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -238,18 +227,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--max-examples",
-        type=_argtype(at_least(1)),
+        type=argument_type(at_least(1)),
         help="override the profile's example count (>= 1)",
     )
     run.add_argument(
         "--long-examples",
-        type=_argtype(at_least(0)),
+        type=argument_type(at_least(0)),
         metavar="N",
         help="long-context examples instead of the profile's (0: none)",
     )
     run.add_argument(
         "--time-budget",
-        type=_argtype(seconds),
+        type=argument_type(seconds),
         metavar="SECONDS",
         help="stop drawing new examples after this long; the verdict then says so",
     )
@@ -258,20 +247,20 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--shrink-time",
-        type=_argtype(seconds),
+        type=argument_type(seconds),
         metavar="SECONDS",
         help="stop minimising a failing workload after this long",
     )
     run.add_argument(
         "--call-timeout",
-        type=_argtype(timeout_seconds),
+        type=argument_type(timeout_seconds),
         default=DEFAULT_CALL_TIMEOUT_S,
         metavar="SECONDS",
         help=f"a call taking longer is a hang (default {DEFAULT_CALL_TIMEOUT_S:g}; 0: no limit)",
     )
     run.add_argument(
         "--check-bounds",
-        type=_argtype(bounds_mode),
+        type=argument_type(bounds_mode),
         nargs="?",
         const="default",
         metavar="{default,strict}",
@@ -289,7 +278,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")
     run.add_argument(
         "--shard",
-        type=_argtype(parse_shard),
+        type=argument_type(parse_shard),
         metavar="K/N",
         help="run shard K of N: every N-th generated example (needs --seed, the same on every "
         "shard); examples saved in the database replay on every shard",
@@ -297,7 +286,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     saved = run.add_mutually_exclusive_group()
     saved.add_argument(
         "--database",
-        type=_argtype(database_location),
+        type=argument_type(database_location),
         metavar="DIR|redis://HOST:PORT/DB",
         help=f"where failing examples are saved and replayed first (default {DATABASE_DIR}/); "
         "share it between machines so that a failure found on one replays on all",
@@ -323,7 +312,7 @@ def _vectors_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument("--seed", type=int, help="the run to record (default: a random one)")
     export.add_argument(
         "--examples",
-        type=_argtype(at_least(1)),
+        type=argument_type(at_least(1)),
         metavar="N",
         help="override the profile's example count (>= 1), as run --max-examples",
     )
@@ -349,7 +338,7 @@ def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cmd.add_argument("--seed", type=int, help="reproduce a run (every report prints its seed)")
     cmd.add_argument(
         "--max-examples",
-        type=_argtype(at_least(1)),
+        type=argument_type(at_least(1)),
         help="override the profile's example count (>= 1)",
     )
     cmd.add_argument("--report", metavar="FILE.json", help="write a JSON report")
