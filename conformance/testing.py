@@ -171,7 +171,8 @@ class _Summary:
 
     def add(self, result: RunResult) -> None:
         self.lines += summary_lines(result)
-        self.lines.append(f"  reproduce: PAGED_SPEC_SEED={result.seed}")
+        shard = "" if result.shard is None else f" (shard {result.shard.describe()})"
+        self.lines.append(f"  reproduce: PAGED_SPEC_SEED={result.seed}{shard}")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("paged-attention conformance")
