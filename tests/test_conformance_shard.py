@@ -22,7 +22,7 @@ from conformance.run.shard import Shard, parse_shard
 from spec.backend import Capabilities, FloatArray, KVGeometry
 
 BROKEN = "conformance.planted.backends:WritesPaddingSlot"
-PASSES = ("short", "wide")  # two passes, so that the index restarts per pass
+PASSES = ("short", "large pool")  # two passes, so that the index restarts per pass
 
 
 class Recording(NumpyPagedBackend):
@@ -66,7 +66,7 @@ def _run(shard: Shard | None, seed: int = 11) -> tuple[RunResult, list[str]]:
         "recording",
         run_seed=seed,
         database=None,
-        max_examples=8,
+        max_examples=6,
         passes=PASSES,
         shard=shard,
     )
@@ -74,19 +74,26 @@ def _run(shard: Shard | None, seed: int = 11) -> tuple[RunResult, list[str]]:
     return result, backend.done()
 
 
-def test_shards_1_of_2_and_2_of_2_partition_the_examples_of_the_run() -> None:
-    whole, everything = _run(None)
+@pytest.fixture(scope="module")
+def whole() -> tuple[RunResult, list[str]]:
+    return _run(None)
+
+
+def test_shards_1_of_2_and_2_of_2_partition_the_examples_of_the_run(
+    whole: tuple[RunResult, list[str]],
+) -> None:
+    run, everything = whole
     first, ones = _run(Shard(1, 2))
     second, twos = _run(Shard(2, 2))
-    assert len(everything) == whole.stats.examples > 4
+    assert len(everything) == run.stats.examples > 4
     assert ones and twos and not set(ones) & set(twos), "no example runs on both shards"
     assert Counter(ones) + Counter(twos) == Counter(everything), "every example runs once"
-    assert first.stats.examples + second.stats.examples == whole.stats.examples
-    assert first.shard == Shard(1, 2) and first.passes == whole.passes
+    assert first.stats.examples + second.stats.examples == run.stats.examples
+    assert first.shard == Shard(1, 2) and first.passes == run.passes
 
 
-def test_one_shard_of_one_is_the_whole_run() -> None:
-    assert _run(Shard(1, 1))[1] == _run(None)[1]
+def test_one_shard_of_one_is_the_whole_run(whole: tuple[RunResult, list[str]]) -> None:
+    assert _run(Shard(1, 1))[1] == whole[1]
 
 
 def test_a_failure_saved_by_one_shard_replays_first_on_every_shard(tmp_path: Path) -> None:
