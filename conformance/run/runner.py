@@ -451,7 +451,7 @@ def _run_pass(
     Raises :class:`SetupError` when bounds checking is on and the first
     example launched no kernel the checker could see.
     """
-    split = _Split(result.shard)
+    split = _Split(result.shard, offset=sum(count for _, count in result.passes[:-1]))
 
     def factory() -> LockstepMachine:
         if not clock.may_start_example():
@@ -480,16 +480,20 @@ def _run_pass(
 class _Split:
     """Which generated examples of a pass run in full on this shard.
 
-    While ``active``, example ``i`` (in the order the run's seed generates
-    them) runs in full when the shard owns it, or once a failure is found
-    (shrinking it needs the backend); the others are drawn through the spec
-    alone. Every shard generates the same examples, so the index partitions
-    them. A failing example of a shard draws to its end before it fails
-    (``defer_failure``), as its twin drawn through the spec alone would:
-    Hypothesis requires one sequence of choices to draw the same way each time.
+    While ``active``, example ``i`` of the pass (in the order the run's seed
+    generates them), numbered ``offset + i`` in the run (``offset``: the
+    examples the earlier passes asked for, so that passes of one example
+    each fall to different shards), runs in full when the shard owns that
+    number, or once a failure is found (shrinking it needs the backend); the
+    others are drawn through the spec alone. Every shard generates the same
+    examples, so the numbers partition them. A failing example of a shard
+    draws to its end before it fails (``defer_failure``), as its twin drawn
+    through the spec alone would: Hypothesis requires one sequence of choices
+    to draw the same way each time.
     """
 
     shard: Shard | None
+    offset: int = 0
     active: bool = False
     index: int = 0
 
@@ -497,7 +501,8 @@ class _Split:
         if not self.active or self.shard is None:
             return False
         self.index += 1
-        return not self.shard.owns(self.index - 1) and stats.first_failure_example is None
+        number = self.offset + self.index - 1
+        return not self.shard.owns(number) and stats.first_failure_example is None
 
 
 def _hypothesis(

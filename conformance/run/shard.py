@@ -1,7 +1,9 @@
 """One shard of a run: every N-th generated example, so that N machines split one run.
 
-``--shard K/N`` runs the examples whose index (in the order one seed
-generates them, per pass) is ``K - 1`` modulo ``N``. Every shard of a run
+``--shard K/N`` runs the examples whose number is ``K - 1`` modulo ``N``:
+each pass's examples are numbered in the order one seed generates them,
+after the examples the earlier passes asked for (so that the passes of one
+example each fall to different shards). Every shard of a run
 must use the same seed: the shards then generate the same sequence of
 workloads, each runs its own share against the backend, and together they
 run each example exactly once, whether they are a CI matrix or pytest-xdist
