@@ -9,8 +9,9 @@ script that replays it.
 
 Three ways in (see docs/plugging-in.md):
 
-* ``python -m conformance run --backend NAME_OR_module:factory``;
-* ``PAGED_SPEC_BACKEND=module:factory pytest --pyargs conformance.pytest_suite``;
+* ``paged-spec run --backend NAME_OR_module:factory`` (or ``python -m conformance run``);
+* ``pytest --paged-backend module:factory`` (the installed pytest plugin), or
+  ``PAGED_SPEC_BACKEND=module:factory pytest --pyargs conformance.pytest_suite``;
 * subclass :class:`conformance.testing.BackendConformance` in your own tests.
 """
 

@@ -1,4 +1,8 @@
-"""``python -m conformance``: run the suite on a backend or a scheduler, list backends, self-test.
+"""``paged-spec`` (or ``python -m conformance``): run the suite on a backend or a scheduler,
+list backends, self-test, export or check test vectors.
+
+The console script ``paged-spec`` and ``python -m conformance`` are one program;
+its usage and messages name it as it was started.
 
 Exit status: 0 the backend conforms (or every planted bug was caught); 1 a
 conformance failure; 2 a usage or setup error, with a message saying what to fix;
@@ -13,7 +17,7 @@ import argparse
 import os
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,14 +27,17 @@ from conformance.reports.report import text_report, write_json, write_junit
 from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
     RunControl,
+    argument_type,
     at_least,
     bounds_mode,
     seconds,
     timeout_seconds,
 )
+from conformance.run.database import database_location
 from conformance.run.discovery import installed_backends, load_backend
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
+from conformance.run.shard import parse_shard
 from conformance.scheduler.suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
 from conformance.scheduler.suite import PROFILES as SCHEDULER_PROFILES
 from conformance.scheduler.suite import load_scheduler, run_scheduler_suite
@@ -40,8 +47,17 @@ OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 _T = TypeVar("_T")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run one command; its exit status. ``prog``: the program's name in usage and messages
+    (by default, as it was started: ``paged-spec`` or ``python -m conformance``)."""
+    prog = prog or program_name()
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.shard is not None and args.seed is None:
+        parser.error(
+            "--shard K/N needs --seed, the same on every shard, so that the shards split one "
+            "run's examples (in CI, say: --seed $GITHUB_RUN_ID)"
+        )
     try:
         if args.command == "run":
             return _run(args)
@@ -53,11 +69,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _vectors(args)
         return OK if selftest() else FAILED
     except SetupError as err:
-        print(f"conformance: setup error: {err}", file=sys.stderr)
+        print(f"{prog}: setup error: {err}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
-        print("conformance: interrupted (Ctrl-C)", file=sys.stderr)
+        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
         return INTERRUPTED
+
+
+def program_name(argv0: str | None = None) -> str:
+    """How the program was started: the console script's name, or ``python -m conformance``.
+
+    >>> program_name("/venv/bin/paged-spec"), program_name("/src/conformance/__main__.py")
+    ('paged-spec', 'python -m conformance')
+    """
+    name = Path(sys.argv[0] if argv0 is None else argv0).name
+    if not name or name.endswith(".py") or name in ("-c", "-m"):
+        return "python -m conformance"
+    return name
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -86,7 +114,8 @@ def _control(args: argparse.Namespace) -> RunControl:
 def _lockstep(args: argparse.Namespace, control: RunControl) -> RunResult:
     """The run: in a child process, unless ``--in-process`` (or no POSIX process groups)."""
     dtypes = [d for item in args.dtype for d in item.split(",") if d] if args.dtype else None
-    database = None if args.no_database else DATABASE_DIR
+    database = None if args.no_database else (args.database or DATABASE_DIR)
+    shard = args.shard
     if args.in_process or os.name != "posix":
         return run_suite(
             load_backend(args.backend),
@@ -98,6 +127,7 @@ def _lockstep(args: argparse.Namespace, control: RunControl) -> RunResult:
             max_examples=args.max_examples,
             progress=_progress,
             control=control,
+            shard=shard,
         )
     request = Request(
         backend=args.backend,
@@ -107,6 +137,7 @@ def _lockstep(args: argparse.Namespace, control: RunControl) -> RunResult:
         database=database_arg(database),
         max_examples=args.max_examples,
         control=control,
+        shard=None if shard is None else shard.describe(),
     )
     return run_isolated(request, _progress)
 
@@ -177,21 +208,9 @@ def _list() -> int:
     return OK
 
 
-def _argtype(parse: Callable[[str], _T]) -> Callable[[str], _T]:
-    """``parse`` (a parser of :mod:`conformance.run.control`) with its message shown by argparse."""
-
-    def checked(text: str) -> _T:
-        try:
-            return parse(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return checked
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m conformance",
+        prog=prog,
         description="Check a paged-attention backend against the executable spec.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,18 +227,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--max-examples",
-        type=_argtype(at_least(1)),
+        type=argument_type(at_least(1)),
         help="override the profile's example count (>= 1)",
     )
     run.add_argument(
         "--long-examples",
-        type=_argtype(at_least(0)),
+        type=argument_type(at_least(0)),
         metavar="N",
         help="long-context examples instead of the profile's (0: none)",
     )
     run.add_argument(
         "--time-budget",
-        type=_argtype(seconds),
+        type=argument_type(seconds),
         metavar="SECONDS",
         help="stop drawing new examples after this long; the verdict then says so",
     )
@@ -228,20 +247,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--shrink-time",
-        type=_argtype(seconds),
+        type=argument_type(seconds),
         metavar="SECONDS",
         help="stop minimising a failing workload after this long",
     )
     run.add_argument(
         "--call-timeout",
-        type=_argtype(timeout_seconds),
+        type=argument_type(timeout_seconds),
         default=DEFAULT_CALL_TIMEOUT_S,
         metavar="SECONDS",
         help=f"a call taking longer is a hang (default {DEFAULT_CALL_TIMEOUT_S:g}; 0: no limit)",
     )
     run.add_argument(
         "--check-bounds",
-        type=_argtype(bounds_mode),
+        type=argument_type(bounds_mode),
         nargs="?",
         const="default",
         metavar="{default,strict}",
@@ -258,6 +277,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--report", metavar="FILE.json", help="write a JSON report")
     run.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")
     run.add_argument(
+        "--shard",
+        type=argument_type(parse_shard),
+        metavar="K/N",
+        help="run shard K of N: every N-th generated example (needs --seed, the same on every "
+        "shard); examples saved in the database replay on every shard",
+    )
+    saved = run.add_mutually_exclusive_group()
+    saved.add_argument(
+        "--database",
+        type=argument_type(database_location),
+        metavar="DIR|redis://HOST:PORT/DB",
+        help=f"where failing examples are saved and replayed first (default {DATABASE_DIR}/); "
+        "share it between machines so that a failure found on one replays on all",
+    )
+    saved.add_argument(
         "--no-database",
         action="store_true",
         help=f"do not save or replay failing examples ({DATABASE_DIR}/)",
@@ -278,7 +312,7 @@ def _vectors_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument("--seed", type=int, help="the run to record (default: a random one)")
     export.add_argument(
         "--examples",
-        type=_argtype(at_least(1)),
+        type=argument_type(at_least(1)),
         metavar="N",
         help="override the profile's example count (>= 1), as run --max-examples",
     )
@@ -304,7 +338,7 @@ def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cmd.add_argument("--seed", type=int, help="reproduce a run (every report prints its seed)")
     cmd.add_argument(
         "--max-examples",
-        type=_argtype(at_least(1)),
+        type=argument_type(at_least(1)),
         help="override the profile's example count (>= 1)",
     )
     cmd.add_argument("--report", metavar="FILE.json", help="write a JSON report")

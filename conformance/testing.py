@@ -17,7 +17,11 @@ default), ``conformance_seed``, ``conformance_dtypes``,
 ``conformance_examples``, ``conformance_control`` (a
 :class:`~conformance.run.control.RunControl`), and ``backend_ref``, the name a
 failure's replay script uses to load the backend (by default the backend's
-class, as ``module:Class``). The ``PAGED_SPEC_*`` environment variables
+class, as ``module:Class``), ``conformance_shard`` (one
+:class:`~conformance.run.shard.Shard` of the run's examples),
+``conformance_database`` (a directory or Redis URL, :mod:`conformance.run.database`;
+``None``: none), ``conformance_report`` and ``conformance_junit`` (paths the
+lockstep's JSON and JUnit reports are written to). The ``PAGED_SPEC_*`` environment variables
 (:data:`conformance.run.control.ENVIRONMENT`) override them, so that a person
 running the tests can reproduce a seed or bound a run without editing code.
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,10 +44,11 @@ import pytest
 from conformance.errors import SetupError
 from conformance.judges.device_contract import DeviceContract, uses_device_contract
 from conformance.lockstep.plan import plan_for
-from conformance.reports.report import summary_lines, text_report
+from conformance.reports.report import summary_lines, text_report, write_json, write_junit
 from conformance.run.control import RunControl, environment_options
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
+from conformance.run.shard import Shard
 from spec.backend import DTYPES, Backend, Capabilities, FloatArray, KVGeometry
 
 PROFILE_ENV_VAR = "PAGED_SPEC_PROFILE"
@@ -58,6 +64,10 @@ class BackendConformance:
     conformance_examples: int | None = None
     conformance_control: RunControl | None = None
     conformance_isolated: bool = False
+    conformance_shard: Shard | None = None
+    conformance_database: Path | str | None = DATABASE_DIR
+    conformance_report: Path | None = None
+    conformance_junit: Path | None = None
     backend_ref: str | None = None
 
     def test_satisfies_the_backend_protocol(self, backend: Backend) -> None:
@@ -88,6 +98,12 @@ class BackendConformance:
         if result.interrupted:  # Ctrl-C during an isolated run: stop the session, as usual
             raise KeyboardInterrupt
         _summary(request.config).add(result)
+        for path, write in (
+            (self.conformance_report, write_json),
+            (self.conformance_junit, write_junit),
+        ):
+            if path is not None:
+                write(result, path)
         if not result.passed:
             raise AssertionError(text_report(result))
 
@@ -112,9 +128,10 @@ class BackendConformance:
                     profile,
                     _seed(seed),
                     None if dtypes is None else list(dtypes),
-                    database_arg(DATABASE_DIR),
+                    database_arg(self.conformance_database),
                     examples,
                     control,
+                    None if self.conformance_shard is None else self.conformance_shard.describe(),
                 )
             )
         return run_suite(
@@ -125,6 +142,8 @@ class BackendConformance:
             dtypes=dtypes,
             max_examples=examples,
             control=control,
+            database=self.conformance_database,
+            shard=self.conformance_shard,
         )
 
 
@@ -152,7 +171,8 @@ class _Summary:
 
     def add(self, result: RunResult) -> None:
         self.lines += summary_lines(result)
-        self.lines.append(f"  reproduce: PAGED_SPEC_SEED={result.seed}")
+        shard = "" if result.shard is None else f" (shard {result.shard.describe()})"
+        self.lines.append(f"  reproduce: PAGED_SPEC_SEED={result.seed}{shard}")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("paged-attention conformance")

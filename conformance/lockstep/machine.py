@@ -52,6 +52,7 @@ from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.envelope import Envelope
 from conformance.lockstep.groups import group_label
 from conformance.lockstep.plan import Plan
+from conformance.lockstep.spec_side import SpecSide
 from conformance.lockstep.variants import label
 from conformance.lockstep.workload import WorkloadConfig
 from spec.backend import Backend
@@ -132,14 +133,20 @@ class LockstepMachine(RuleBasedStateMachine):
         stats: RunStats,
         on_example: Callable[[], None],
         bounds: BoundsChecker | None = None,
+        *,
+        draw_only: bool = False,
+        defer_failure: bool = False,
     ) -> None:
         super().__init__()
         self.backend = backend
+        self.draw_only = draw_only  # another shard's example: the spec's bookkeeping alone
+        self.defer_failure = defer_failure  # a shard's example: draw to the end, then fail
+        self.deferred: ConformanceFailure | None = None
         self.bounds = bounds  # the run's bounds checker, shared by its examples
         self.plan = plan
         self.stats = stats
         self.on_example = on_example
-        self.lockstep: Lockstep | None = None
+        self.lockstep: Lockstep | SpecSide | None = None
         self.pending: dict[int, list[int]] = {}  # live sequence -> prompt tokens still to run
         self.prompts: list[list[int]] = []
         self.computed: list[list[int]] = []  # prompts whose prefill has completed
@@ -149,7 +156,7 @@ class LockstepMachine(RuleBasedStateMachine):
         stats.examples += 1
 
     @property
-    def ls(self) -> Lockstep:
+    def ls(self) -> Lockstep | SpecSide:
         assert self.lockstep is not None, "the initialize rule runs first"
         return self.lockstep
 
@@ -169,19 +176,10 @@ class LockstepMachine(RuleBasedStateMachine):
     def start(self, data: st.DataObject) -> None:
         config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
         self.stats.configs[_shape(config, self.plan.kind)] += 1
-        try:
-            self.lockstep = Lockstep(
-                self.backend,
-                config,
-                self.stats.checks,
-                skips=self.stats.skips,
-                coverage=self.stats.coverage,
-                margins=self.stats.margins,
-                bounds=self.bounds,
-            )
-        except ConformanceFailure:
-            self.stats.note_failure()
-            raise
+        if self.draw_only:
+            self.lockstep = SpecSide(config)
+        else:
+            self.lockstep = self._lockstep(config)
         if self.plan.long_context:  # every long-context workload starts with a long prompt
             self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
         elif self.plan.wide:
@@ -197,6 +195,25 @@ class LockstepMachine(RuleBasedStateMachine):
             self._run([(seq_id, prompt)])
         else:  # a first sequence, so that every rule can run from the first step on
             self.add(data.draw(st.integers(0, 5), label="length"), data.draw(_SEED), False, 0)
+
+    def _lockstep(self, config: WorkloadConfig) -> Lockstep | SpecSide:
+        """The example's lockstep of the spec and the backend (created here: it may fail)."""
+        try:
+            return Lockstep(
+                self.backend,
+                config,
+                self.stats.checks,
+                skips=self.stats.skips,
+                coverage=self.stats.coverage,
+                margins=self.stats.margins,
+                bounds=self.bounds,
+            )
+        except ConformanceFailure as failure:
+            self.stats.note_failure()
+            if not self.defer_failure:
+                raise
+            self.deferred = failure
+            return SpecSide(config)
 
     def _start_wide(self, data: st.DataObject) -> None:
         """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
@@ -445,18 +462,19 @@ class LockstepMachine(RuleBasedStateMachine):
             self.stats.checks["spec block-table and pool invariants"] += 1
 
     def teardown(self) -> None:
-        if self.lockstep is not None:
-            pool = self.lockstep.manager.pool
-            self.stats.rules["prefix-cache evictions (spec pool)"] += pool.num_evictions
-            try:
-                self.lockstep.finish()
-            except ConformanceFailure:
-                self.stats.note_failure()
-                raise
-            finally:
-                self.on_example()
-        else:
+        try:
+            if self.lockstep is not None:
+                pool = self.lockstep.manager.pool
+                self.stats.rules["prefix-cache evictions (spec pool)"] += pool.num_evictions
+                try:
+                    self.lockstep.finish()
+                except ConformanceFailure:
+                    self.stats.note_failure()
+                    raise
+        finally:
             self.on_example()
+        if self.deferred is not None:
+            raise self.deferred
 
     # -- internals --------------------------------------------------------------------
 
@@ -519,9 +537,11 @@ class LockstepMachine(RuleBasedStateMachine):
         before = {s: self.ls.manager.num_tokens(s) for s, _ in schedule}
         try:
             ran = set(self.ls.step(schedule))
-        except ConformanceFailure:
+        except ConformanceFailure as failure:
             self.stats.note_failure()
-            raise
+            if not self.defer_failure:
+                raise
+            ran = self._defer(failure, before)
         self.stats.steps += 1
         for seq_id, new in schedule:
             self._count_step(seq_id, new, before[seq_id], seq_id in ran)
@@ -529,6 +549,21 @@ class LockstepMachine(RuleBasedStateMachine):
             longest = max(self.ls.manager.num_tokens(s) for s in ran)
             self.stats.longest = max(self.stats.longest, longest)
         return schedule[0][0] in ran
+
+    def _defer(self, failure: ConformanceFailure, before: dict[int, int]) -> set[int]:
+        """Keep ``failure`` for the teardown; go on through the spec alone; the step's sequences.
+
+        A shard's example draws as the same example drawn through the spec
+        alone on another shard (:mod:`conformance.run.shard`): Hypothesis
+        requires one sequence of choices to draw the same way every time. The
+        spec has given the step's tokens their slots and laid it out before
+        any backend call, so its state is the one that example would have.
+        """
+        ls = self.ls
+        assert isinstance(ls, Lockstep), "a failure comes from the backend's lockstep"
+        self.deferred = failure
+        self.lockstep = SpecSide(ls.config, ls.groups, ls.manager)
+        return {s for s, n in before.items() if ls.manager.num_tokens(s) > n}
 
     def _within_context(self, schedule: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
         """Leave out sequences that would grow past ``max_context_len``."""

@@ -39,6 +39,7 @@ def reproduce_command(result: RunResult) -> str:
         f"python -m conformance run --backend {shlex.quote(portable_ref(result.backend))} "
         f"--profile {result.profile} --seed {result.seed}"
         + (f" --check-bounds {mode}" if mode else "")
+        + (f" --shard {result.shard.describe()}" if result.shard else "")
     )
 
 
@@ -88,11 +89,16 @@ def summary_lines(result: RunResult) -> list[str]:
     s = result.stats
     return [
         f"conformance: backend {result.backend!r} "
-        f"(profile {result.profile}, seed {result.seed}): {verdict(result)}",
+        f"(profile {result.profile}, seed {result.seed}{_shard(result)}): {verdict(result)}",
         f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
         f"{result.wall_time_s:.1f} s",
         *_run_lines(result),
     ]
+
+
+def _shard(result: RunResult) -> str:
+    """``, shard K/N`` for one shard of a run (its examples are every N-th), else nothing."""
+    return "" if result.shard is None else f", shard {result.shard.describe()}"
 
 
 def verdict(result: RunResult) -> str:
@@ -200,6 +206,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
             "long_examples": PROFILES[result.profile].long_examples,
         },
         "seed": result.seed,
+        "shard": None if result.shard is None else result.shard.describe(),
         "passed": result.passed,
         "verdict": verdict(result),
         "complete": result.complete,
@@ -283,6 +290,7 @@ def write_junit(result: RunResult, path: Path) -> None:
         ("backend", result.backend),
         ("profile", result.profile),
         ("seed", str(result.seed)),
+        *((("shard", result.shard.describe()),) if result.shard else ()),
         ("verdict", verdict(result)),
         ("complete", str(result.complete).lower()),
         *(("bounds", line) for line in ([] if result.bounds is None else result.bounds.lines())),

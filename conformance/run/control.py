@@ -21,6 +21,7 @@ conformance.errors.SetupError: PAGED_SPEC_EXAMPLES='0': must be at least 1, got 
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -195,6 +196,19 @@ def at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """``parse`` as an argparse ``type`` whose ``ValueError`` message argparse shows as is."""
+
+    def checked(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    checked.__name__ = getattr(parse, "__name__", "value")
+    return checked
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ from conformance.errors import SetupError
 from conformance.judges.compare import Difference
 from conformance.lockstep.machine import RunStats
 from conformance.run.control import LOAD_TIMEOUT_S, RunControl
+from conformance.run.database import REDIS_SCHEMES
 from conformance.run.protocol import decode
 from conformance.run.runner import RunResult
 from conformance.run.watchdog import Call
@@ -70,6 +71,7 @@ class Request:
     database: str | None
     max_examples: int | None
     control: RunControl
+    shard: str | None = None  # "K/N": one shard's share of the examples (conformance.run.shard)
 
 
 def run_isolated(
@@ -376,6 +378,11 @@ def _to_stderr(text: str) -> None:
     sys.stderr.flush()
 
 
-def database_arg(database: Path | None) -> str | None:
-    """The database folder as the child gets it (absolute, so the child's cwd cannot matter)."""
-    return None if database is None else str(database.resolve())
+def database_arg(database: Path | str | None) -> str | None:
+    """The database as the child gets it: a folder made absolute (so the child's cwd cannot
+    matter), or a Redis URL as it is."""
+    if database is None:
+        return None
+    if isinstance(database, str) and database.startswith(REDIS_SCHEMES):
+        return database
+    return str(Path(database).resolve())

@@ -22,8 +22,8 @@ Triton kernel.
 from __future__ import annotations
 
 import random
-import re
 import time
+import unittest
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException, Unsatisfiable
 from hypothesis.internal.conjecture import engine as _engine
 from hypothesis.internal.conjecture import providers as _providers
@@ -46,6 +46,8 @@ from conformance.lockstep.machine import LockstepMachine, RunStats, timed_progre
 from conformance.lockstep.plan import Plan, plan_for
 from conformance.reports.replay import script as replay_script
 from conformance.run.control import RunControl
+from conformance.run.database import open_database
+from conformance.run.shard import Shard
 from conformance.run.watchdog import CallTimeout, RunWatch, Sink, watching
 from spec.backend import Backend, Capabilities
 
@@ -164,6 +166,7 @@ class RunResult:
     interrupted: bool = False
     bounds: BoundsReport | None = None  # what the bounds check checked (when it was on)
     reproduce: str = ""  # the command that reproduces this result, when not ``run --seed``
+    shard: Shard | None = None  # the run's share of the examples, when it is one shard of N
 
     @property
     def passed(self) -> bool:
@@ -182,13 +185,14 @@ def run_suite(
     profile: str = "quick",
     run_seed: int | None = None,
     dtypes: Iterable[str] | None = None,
-    database: Path | None = DATABASE_DIR,
+    database: Path | str | None = DATABASE_DIR,
     max_examples: int | None = None,
     progress: Callable[[str], None] | None = None,
     shrink: bool = True,
     control: RunControl | None = None,
     sink: Sink | None = None,
     passes: Iterable[str] | None = None,
+    shard: Shard | None = None,
 ) -> RunResult:
     """Run the lockstep machine against ``backend`` (named ``backend_ref`` in reports).
 
@@ -197,6 +201,10 @@ def run_suite(
     (faster; the same as ``control.shrink``). ``sink`` makes this an isolated
     run's child: every event goes to it (see :mod:`conformance.run.isolation`). ``passes``
     limits the run to those kinds of example (:data:`conformance.lockstep.plan.PASSES`).
+    ``database``: a directory, a Redis URL (:mod:`conformance.run.database`), or ``None``.
+    ``shard``: run only that shard's share of the generated examples
+    (:mod:`conformance.run.shard`); the examples saved in the database replay in
+    full on every shard, first.
     """
     control = control or RunControl()
     if not shrink:
@@ -221,6 +229,7 @@ def run_suite(
         isolated=sink is not None,
         notes=plan.notes,
         envelope=plan.envelope.device,
+        shard=shard,
     )
     clock = _Clock(control, stats)
     start = time.monotonic()
@@ -248,7 +257,7 @@ def run_suite(
             name = _pass_name(plan_now)
             result.passes.append((name, count))
             suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
-            db = _database(database, backend_ref + suffix)
+            db = open_database(database, backend_ref + suffix)
             config = _settings(count, chosen.pass_steps(plan_now.kind), db, control.shrink)
             _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds)
             if result.difference is not None or result.stopped:
@@ -406,9 +415,7 @@ def _ticker(
     return tick
 
 
-def _settings(
-    count: int, steps: int, database: DirectoryBasedExampleDatabase | None, shrink: bool
-) -> settings:
+def _settings(count: int, steps: int, database: ExampleDatabase | None, shrink: bool) -> settings:
     return settings(
         max_examples=count,
         stateful_step_count=steps,
@@ -433,23 +440,84 @@ def _run_pass(
     watch: RunWatch,
     bounds: BoundsChecker | None = None,
 ) -> None:
-    """One Hypothesis run of the machine; a failure, or why it stopped, goes in ``result``.
+    """One pass: a failure, or why it stopped, goes in ``result``.
+
+    Unsharded, one Hypothesis run. One shard of several: first the examples
+    saved in the database, in full (a failure found by any shard replays on
+    every shard), then the generated ones, this shard's in full and the others'
+    through the spec alone (:class:`_Split`). One factory serves every run, so
+    that all of them share one place in the database.
 
     Raises :class:`SetupError` when bounds checking is on and the first
     example launched no kernel the checker could see.
     """
+    split = _Split(result.shard, offset=sum(count for _, count in result.passes[:-1]))
 
     def factory() -> LockstepMachine:
         if not clock.may_start_example():
             raise _BudgetSpent
+        if split.draw_only(result.stats):
+            return LockstepMachine(backend, plan, RunStats(), lambda: None, draw_only=True)
         if bounds is not None and result.stats.examples and not bounds.launches:
             raise _NothingChecked
-        return LockstepMachine(backend, plan, result.stats, tick, bounds)
+        return LockstepMachine(
+            backend, plan, result.stats, tick, bounds, defer_failure=split.active
+        )
 
+    if result.shard is None:
+        _hypothesis(result, factory, config, watch)
+        return
+    saved = [p for p in config.phases if p in (Phase.explicit, Phase.reuse, Phase.shrink)]
+    if config.database is not None:
+        _hypothesis(result, factory, settings(config, phases=saved), watch)
+    if result.difference is None and result.stopped is None:
+        split.active = True
+        new = [p for p in config.phases if p not in (Phase.explicit, Phase.reuse)]
+        _hypothesis(result, factory, settings(config, phases=new), watch)
+
+
+@dataclass
+class _Split:
+    """Which generated examples of a pass run in full on this shard.
+
+    While ``active``, example ``i`` of the pass (in the order the run's seed
+    generates them), numbered ``offset + i`` in the run (``offset``: the
+    examples the earlier passes asked for, so that passes of one example
+    each fall to different shards), runs in full when the shard owns that
+    number, or once a failure is found (shrinking it needs the backend); the
+    others are drawn through the spec alone. Every shard generates the same
+    examples, so the numbers partition them. A failing example of a shard
+    draws to its end before it fails (``defer_failure``), as its twin drawn
+    through the spec alone would: Hypothesis requires one sequence of choices
+    to draw the same way each time.
+    """
+
+    shard: Shard | None
+    offset: int = 0
+    active: bool = False
+    index: int = 0
+
+    def draw_only(self, stats: RunStats) -> bool:
+        if not self.active or self.shard is None:
+            return False
+        self.index += 1
+        number = self.offset + self.index - 1
+        return not self.shard.owns(number) and stats.first_failure_example is None
+
+
+def _hypothesis(
+    result: RunResult,
+    factory: Callable[[], LockstepMachine],
+    config: settings,
+    watch: RunWatch,
+) -> None:
+    """One Hypothesis run of the machines ``factory`` makes; what it found goes in ``result``."""
     try:
         # Hypothesis accepts any zero-argument callable that returns a machine.
         machine_factory: Any = seed(result.seed)(factory)
         run_state_machine_as_test(machine_factory, settings=config)
+    except unittest.SkipTest:  # only saved examples asked for, and none saved
+        pass
     except ConformanceFailure as failure:
         _record(result, failure, shrunk=Phase.shrink in config.phases)
     except _BudgetSpent:
@@ -574,10 +642,3 @@ def same_outcome(a: Difference, b: Difference) -> bool:
     if a.what in ("exception", "shape", "input", "alias"):
         return a.detail.split(":")[0] == b.detail.split(":")[0]
     return a.expected == b.expected and a.actual == b.actual
-
-
-def _database(root: Path | None, backend_ref: str) -> DirectoryBasedExampleDatabase | None:
-    if root is None:
-        return None
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", backend_ref).strip("_") or "backend"
-    return DirectoryBasedExampleDatabase(str(root / slug))

@@ -20,7 +20,6 @@ import signal
 import sys
 import threading
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from conformance.errors import SetupError
@@ -28,6 +27,7 @@ from conformance.run.control import RunControl
 from conformance.run.discovery import load_backend
 from conformance.run.protocol import encode
 from conformance.run.runner import run_suite
+from conformance.run.shard import parse_shard
 
 REQUEST_VAR = "PAGED_SPEC_WORKER"
 _PR_SET_PDEATHSIG = 1
@@ -75,6 +75,7 @@ def _run(request: dict[str, Any], channel: Channel) -> None:
     channel.send({"t": "ret"})
     names = {f.name for f in fields(RunControl)}
     control = RunControl(**{k: v for k, v in request["control"].items() if k in names})
+    shard = request.get("shard")
     try:
         result = run_suite(
             backend,
@@ -82,11 +83,12 @@ def _run(request: dict[str, Any], channel: Channel) -> None:
             profile=request["profile"],
             run_seed=request["seed"],
             dtypes=request["dtypes"],
-            database=None if request["database"] is None else Path(request["database"]),
+            database=request["database"],
             max_examples=request["max_examples"],
             progress=lambda line: channel.send({"t": "progress", "line": line}),
             control=control,
             sink=channel.send,
+            shard=None if shard is None else parse_shard(shard),
         )
     except SetupError as err:
         channel.send({"t": "setup", "message": str(err)})
