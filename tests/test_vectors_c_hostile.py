@@ -19,7 +19,7 @@ from vectors_fixtures import Exported, exported, manifests
 
 __all__ = ["exported", "malformed"]  # the session fixtures, imported for pytest
 
-SOURCES = Path(__file__).resolve().parent.parent / "conformance" / "reader_c"
+SOURCES = Path(__file__).resolve().parent.parent / "conformance" / "vectors" / "reader_c"
 FLAGS = ["-std=c99", "-O1", "-g", "-Wall", "-Wextra", "-pedantic", "-Werror"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 ENV = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0:allocator_may_return_null=0"}
