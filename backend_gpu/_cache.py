@@ -32,9 +32,11 @@ import numpy as np
 import torch
 
 from backend_gpu.kernels._fp8 import FP8_TORCH
-from spec.backend import TENSOR_KINDS, FloatArray, KVGeometry
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
+from spec.capabilities import TENSOR_KINDS
 from spec.errors import InvalidRequestError
+from spec.kv_geometry import KVGeometry
 from spec.kv_memory import LAZY_ELEMENTS
 from spec.validate import check_choice
 
@@ -173,7 +175,7 @@ class TorchCacheBackend:
     """What the torch-based backends share: the cache they hold and the numpy boundary.
 
     Subclasses compute; this class only converts and checks their inputs.
-    ``tensors`` is the contract they serve (:data:`spec.backend.TENSOR_KINDS`),
+    ``tensors`` is the contract they serve (:data:`spec.capabilities.TENSOR_KINDS`),
     which their capabilities declare.
     """
 

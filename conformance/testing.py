@@ -43,7 +43,9 @@ from conformance.reports.report import summary_lines, text_report
 from conformance.run.control import RunControl, environment_options
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
-from spec.backend import DTYPES, Backend, Capabilities, FloatArray, KVGeometry
+from spec.backend import Backend, FloatArray
+from spec.capabilities import Capabilities
+from spec.kv_geometry import DTYPES, KVGeometry
 
 PROFILE_ENV_VAR = "PAGED_SPEC_PROFILE"
 _PLUGIN = "paged-spec-conformance-summary"
@@ -63,7 +65,7 @@ class BackendConformance:
     def test_satisfies_the_backend_protocol(self, backend: Backend) -> None:
         assert isinstance(backend, Backend), "missing methods: see docs/plugging-in.md"
         caps = backend.capabilities
-        assert isinstance(caps, Capabilities), "capabilities must be a spec.backend.Capabilities"
+        assert isinstance(caps, Capabilities), "capabilities must be a spec.capabilities.Capabilities"
         assert caps.dtypes and caps.dtypes <= set(DTYPES), f"dtypes {set(caps.dtypes)}"
         plan_for(caps, self.conformance_dtypes)  # raises SetupError if nothing can run
 

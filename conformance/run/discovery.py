@@ -28,7 +28,8 @@ from typing import Any
 
 from conformance.errors import SetupError
 from conformance.judges.device_contract import setup_problem
-from spec.backend import Backend, Capabilities
+from spec.backend import Backend
+from spec.capabilities import Capabilities
 
 ENTRY_POINT_GROUP = "paged_spec.backends"
 ENV_VAR = "PAGED_SPEC_BACKEND"
@@ -62,7 +63,7 @@ def load_backend(ref: str) -> Backend:
             f"{ref!r}: reading .capabilities raised {type(err).__name__}: {err}"
         ) from err
     if not isinstance(caps, Capabilities):
-        raise SetupError(f"{ref!r}: .capabilities must be a spec.backend.Capabilities")
+        raise SetupError(f"{ref!r}: .capabilities must be a spec.capabilities.Capabilities")
     problem = setup_problem(backend, caps)  # the device-resident contract's preconditions
     if problem:
         raise SetupError(f"{ref!r}: {problem}")

@@ -47,7 +47,8 @@ from conformance.lockstep.plan import Plan, plan_for
 from conformance.reports.replay import script as replay_script
 from conformance.run.control import RunControl
 from conformance.run.watchdog import CallTimeout, RunWatch, Sink, watching
-from spec.backend import Backend, Capabilities
+from spec.backend import Backend
+from spec.capabilities import Capabilities
 
 DATABASE_DIR = Path(".hypothesis") / "conformance"
 _PHASES = [p for p in Phase if p is not Phase.explain]  # explaining costs runs; unused here

@@ -44,8 +44,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from spec.attention import attend
-from spec.backend import Backend, KVGeometry
+from spec.backend import Backend
 from spec.batch import BatchMetadata
+from spec.kv_geometry import KVGeometry
 from spec.request import Request
 
 F64 = NDArray[np.float64]
