@@ -65,7 +65,7 @@ class BackendConformance:
     def test_satisfies_the_backend_protocol(self, backend: Backend) -> None:
         assert isinstance(backend, Backend), "missing methods: see docs/plugging-in.md"
         caps = backend.capabilities
-        assert isinstance(caps, Capabilities), "capabilities must be a spec.capabilities.Capabilities"
+        assert isinstance(caps, Capabilities), "capabilities must be a spec.backend.Capabilities"
         assert caps.dtypes and caps.dtypes <= set(DTYPES), f"dtypes {set(caps.dtypes)}"
         plan_for(caps, self.conformance_dtypes)  # raises SetupError if nothing can run
 

@@ -63,7 +63,7 @@ def load_backend(ref: str) -> Backend:
             f"{ref!r}: reading .capabilities raised {type(err).__name__}: {err}"
         ) from err
     if not isinstance(caps, Capabilities):
-        raise SetupError(f"{ref!r}: .capabilities must be a spec.capabilities.Capabilities")
+        raise SetupError(f"{ref!r}: .capabilities must be a spec.backend.Capabilities")
     problem = setup_problem(backend, caps)  # the device-resident contract's preconditions
     if problem:
         raise SetupError(f"{ref!r}: {problem}")
