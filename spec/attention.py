@@ -145,6 +145,43 @@ def alibi_slopes(num_heads: int) -> tuple[float, ...]:
     return tuple(first + extra)
 
 
+def attend(
+    query: F64,
+    key: F64,
+    value: F64,
+    positions: NDArray[np.int64],
+    scale: float,
+    variant: AttentionVariant = PLAIN,
+    *,
+    first_key: int = 0,
+) -> F64:
+    """Causal attention over one sequence's contiguous K and V, with ``variant`` applied.
+
+    ``query`` is ``[n, H, D]`` for tokens at ``positions``; ``key`` and
+    ``value`` are ``[t, H_kv, D]`` for positions ``first_key .. first_key + t - 1``.
+    """
+    group = query.shape[1] // key.shape[1]  # query head h reads KV head h // group
+    k, v = np.repeat(key, group, axis=1), np.repeat(value, group, axis=1)
+    key_pos = first_key + np.arange(key.shape[0])  # [t]
+    distance = key_pos[None, :] - np.asarray(positions)[:, None]  # [n, t]; <= 0 if visible
+    scores = np.einsum("nhd,thd->hnt", query, k) * scale  # [H, n, t], scaled
+    if variant.softcap is not None:  # 1. soft-capping
+        scores = variant.softcap * np.tanh(scores / variant.softcap)
+    if variant.alibi_slopes is not None:  # 2. ALiBi
+        scores = scores + np.asarray(variant.alibi_slopes)[:, None, None] * distance
+    visible = distance <= 0  # 3. causal, and the window
+    if variant.window is not None:
+        visible &= distance > -variant.window
+    scores = np.where(visible, scores, -np.inf)
+    # 4. softmax, the sink (if any) one more logit in the denominator
+    sink = np.full(query.shape[1], -np.inf) if variant.sinks is None else np.array(variant.sinks)
+    top = np.maximum(scores.max(axis=-1), sink[:, None])[..., None]  # finite: a query sees itself
+    weights = np.exp(scores - top)
+    weights /= weights.sum(axis=-1, keepdims=True) + np.exp(sink[:, None, None] - top)
+    out: F64 = np.einsum("hnt,thd->nhd", weights, v)
+    return out
+
+
 def paged_attention(
     query: F64,
     batch: BatchMetadata,
@@ -168,42 +205,6 @@ def paged_attention(
         start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
         k, v, positions, first = gather_visible(batch, memory, layer, group, variant, i)
         out[start:end] = attend(query[start:end], k, v, positions, scale, variant, first_key=first)
-    return out
-
-
-def attend(
-    query: F64,
-    key: F64,
-    value: F64,
-    positions: NDArray[np.int64],
-    scale: float,
-    variant: AttentionVariant = PLAIN,
-    *,
-    first_key: int = 0,
-) -> F64:
-    """Causal attention over one sequence's contiguous K and V, with ``variant`` applied.
-
-    ``query`` is ``[n, H, D]`` for tokens at ``positions``; ``key`` and
-    ``value`` are ``[t, H_kv, D]`` for positions ``first_key .. first_key + t - 1``.
-    """
-    group = query.shape[1] // key.shape[1]  # query head h reads KV head h // group
-    k, v = np.repeat(key, group, axis=1), np.repeat(value, group, axis=1)
-    key_pos = first_key + np.arange(key.shape[0])  # [t]
-    distance = key_pos[None, :] - np.asarray(positions)[:, None]  # [n, t]; <= 0 if visible
-    scores = np.einsum("nhd,thd->hnt", query, k) * scale  # [H, n, t]
-    if variant.softcap is not None:
-        scores = variant.softcap * np.tanh(scores / variant.softcap)
-    if variant.alibi_slopes is not None:
-        scores = scores + np.asarray(variant.alibi_slopes)[:, None, None] * distance
-    visible = distance <= 0
-    if variant.window is not None:
-        visible &= distance > -variant.window
-    scores = np.where(visible, scores, -np.inf)
-    sink = np.full(query.shape[1], -np.inf) if variant.sinks is None else np.array(variant.sinks)
-    top = np.maximum(scores.max(axis=-1), sink[:, None])[..., None]  # finite: a query sees itself
-    weights = np.exp(scores - top)
-    weights /= weights.sum(axis=-1, keepdims=True) + np.exp(sink[:, None, None] - top)
-    out: F64 = np.einsum("hnt,thd->nhd", weights, v)
     return out
 
 
