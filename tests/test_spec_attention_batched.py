@@ -73,29 +73,26 @@ def _setup(
     return q, batch, mem
 
 
-@given(
-    data=st.data(),
-    seed=st.integers(0, 2**32 - 1),
-    block_size=st.sampled_from([1, 3, 4, 8]),
-    num_kv_heads=st.sampled_from([1, 2]),
-    group=st.sampled_from([1, 2, 4]),
-    work=st.lists(st.tuples(st.integers(0, 20), st.integers(1, 6)), min_size=1, max_size=6),
-    kv_dtype=st.sampled_from([None, *FP8_FORMATS]),
-    tiny_groups=st.booleans(),
-)
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[np.ndarray, BatchMetadata, KVMemory]:
+    """A query, a batch of mixed decodes and prefill chunks, and its KV memory (maybe fp8)."""
+    return _setup(
+        draw(st.integers(0, 2**32 - 1)),
+        draw(st.sampled_from([1, 3, 4, 8])),
+        draw(st.sampled_from([1, 2])),  # KV heads
+        draw(st.sampled_from([1, 2, 4])),  # query heads per KV head
+        draw(st.lists(st.tuples(st.integers(0, 20), st.integers(1, 6)), min_size=1, max_size=6)),
+        draw(st.sampled_from([None, *FP8_FORMATS])),
+    )
+
+
+@given(data=st.data(), case=batches(), tiny_groups=st.booleans())
 def test_batched_paged_attention_equals_the_definition(
-    data: st.DataObject,
-    seed: int,
-    block_size: int,
-    num_kv_heads: int,
-    group: int,
-    work: list[tuple[int, int]],
-    kv_dtype: str | None,
-    tiny_groups: bool,
+    data: st.DataObject, case: tuple[np.ndarray, BatchMetadata, KVMemory], tiny_groups: bool
 ) -> None:
     """Every variant, GQA ratio and KV dtype; decodes padded together or one group each."""
-    q, batch, mem = _setup(seed, block_size, num_kv_heads, group, work, kv_dtype)
-    variant = data.draw(variants(num_kv_heads * group))
+    q, batch, mem = case
+    variant = data.draw(variants(q.shape[1]))
     with pytest.MonkeyPatch.context() as patch:
         if tiny_groups:  # the memory bound splits every decode into a group of its own
             patch.setattr(batched, "_DECODE_CHUNK_ELEMENTS", 1)
