@@ -56,12 +56,15 @@ def paged_attention_batched(
     decodes = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
     for chunk in _decode_groups(batch, decodes, row_elements):
         rows = [batch.query_start_loc[i] for i in chunk]
-        keys = [_gather(batch, memory, layer, group, variant, i, precision) for i in chunk]
+        keys = [
+            _rounded(gather_visible(batch, memory, layer, group, variant, i), precision)
+            for i in chunk
+        ]
         out[rows] = _attend_padded(query[rows][:, None], keys, scale, variant, precision)[:, 0]
     for i in range(batch.num_seqs):
         if batch.query_len(i) > 1:
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            keys = [_gather(batch, memory, layer, group, variant, i, precision)]
+            keys = [_rounded(gather_visible(batch, memory, layer, group, variant, i), precision)]
             out[start:end] = _attend_padded(
                 query[None, start:end], keys, scale, variant, precision
             )[0]
@@ -72,19 +75,12 @@ _Keys = tuple[F64, F64, NDArray[np.int64], int]
 """One sequence's K and V, its query positions, and the position of its first key."""
 
 
-def _gather(
-    batch: BatchMetadata,
-    memory: KVMemory,
-    layer: int,
-    group: int,
-    variant: AttentionVariant,
-    i: int,
-    precision: Precision,
-) -> _Keys:
-    k, v, positions, first = gather_visible(batch, memory, layer, group, variant, i)
-    if precision.round_kv is not None:
-        k, v = precision.round_kv(k), precision.round_kv(v)
-    return k, v, positions, first
+def _rounded(keys: _Keys, precision: Precision) -> _Keys:
+    """The K and V a kernel of ``precision`` reads (rounded as it reads them)."""
+    k, v, positions, first = keys
+    if precision.round_kv is None:
+        return keys
+    return precision.round_kv(k), precision.round_kv(v), positions, first
 
 
 def _decode_groups(batch: BatchMetadata, decodes: list[int], row_elements: int) -> list[list[int]]:
