@@ -34,9 +34,11 @@ from numpy.typing import NDArray
 
 from backend_gpu.kernels._fp8 import FP8_TORCH
 from spec.attention import PLAIN, AttentionVariant
-from spec.backend import TENSOR_KINDS, FloatArray, KVGeometry, check_kv_values
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata, check_copies
+from spec.capabilities import TENSOR_KINDS
 from spec.errors import ArgumentTypeError, ArgumentValueError, InvalidRequestError
+from spec.kv_geometry import KVGeometry, check_kv_values
 from spec.kv_memory import LAZY_ELEMENTS, check_slot_mapping
 from spec.validate import check_choice, check_instance, check_int, check_ints, check_scale
 
@@ -178,7 +180,7 @@ class TorchCacheBackend:
     """What the torch-based backends share: the cache they hold and the numpy boundary.
 
     Subclasses compute; this class only converts and checks their inputs.
-    ``tensors`` is the contract they serve (:data:`spec.backend.TENSOR_KINDS`),
+    ``tensors`` is the contract they serve (:data:`spec.capabilities.TENSOR_KINDS`),
     which their capabilities declare.
     """
 

@@ -30,9 +30,11 @@ import torch
 
 from backend_gpu._cache import Returned, TorchCacheBackend
 from spec.attention import PLAIN, VARIANTS, AttentionVariant
-from spec.backend import DTYPES, KV_DTYPES, Capabilities, FloatArray
+from spec.backend import FloatArray
 from spec.batch import BatchArrays, BatchMetadata
+from spec.capabilities import Capabilities
 from spec.errors import InvalidRequestError
+from spec.kv_geometry import DTYPES, KV_DTYPES
 from spec.quant import FP8_FORMATS
 
 

@@ -25,9 +25,11 @@ from backend_gpu._cache import Returned, TorchCacheBackend
 from backend_gpu.kernels import copy_blocks, paged_attention, reshape_and_cache
 from backend_gpu.kernels.attention import MAX_HEAD_DIM
 from spec.attention import VARIANTS, AttentionVariant
-from spec.backend import DTYPES, KV_DTYPES, Capabilities, FloatArray, KVGeometry
+from spec.backend import FloatArray
 from spec.batch import BatchArrays, BatchMetadata
+from spec.capabilities import Capabilities
 from spec.errors import InvalidRequestError
+from spec.kv_geometry import DTYPES, KV_DTYPES, KVGeometry
 
 
 class TritonBackend(TorchCacheBackend):

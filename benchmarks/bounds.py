@@ -32,10 +32,10 @@ from benchmarks._batches import context_step
 from conformance.bounds.checker import MODES, BoundsChecker
 from conformance.run.control import RunControl
 from conformance.run.runner import RunResult, run_suite
-from spec.backend import KVGeometry
 from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
 from spec.kv_budget import cdiv
+from spec.kv_geometry import KVGeometry
 
 __all__ = ["main"]
 

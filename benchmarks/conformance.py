@@ -30,8 +30,8 @@ import numpy as np
 from backend_gpu.torch_backend import TorchBackend
 from conformance.lockstep.driver import Lockstep
 from conformance.lockstep.workload import WorkloadConfig, scale_for
-from spec.backend import KVGeometry
 from spec.kv_budget import cdiv
+from spec.kv_geometry import KVGeometry
 
 __all__ = ["main"]
 

@@ -36,8 +36,8 @@ from benchmarks.conformance import _Timed, workload_steps
 from conformance.lockstep.driver import WHOLE_POOL_SLOTS, Lockstep
 from conformance.lockstep.workload import WorkloadConfig, scale_for
 from paged_spec._cli import positive_int
-from spec.backend import KVGeometry
 from spec.kv_budget import cdiv
+from spec.kv_geometry import KVGeometry
 
 __all__ = ["main"]
 

@@ -41,7 +41,7 @@ from conformance.run.shard import parse_shard
 from conformance.scheduler.suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
 from conformance.scheduler.suite import PROFILES as SCHEDULER_PROFILES
 from conformance.scheduler.suite import load_scheduler, run_scheduler_suite
-from spec.backend import DTYPES
+from spec.kv_geometry import DTYPES
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 _T = TypeVar("_T")

@@ -49,7 +49,9 @@ from conformance.run.control import RunControl, environment_options
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
 from conformance.run.shard import Shard
-from spec.backend import DTYPES, Backend, Capabilities, FloatArray, KVGeometry
+from spec.backend import Backend, FloatArray
+from spec.capabilities import Capabilities
+from spec.kv_geometry import DTYPES, KVGeometry
 
 PROFILE_ENV_VAR = "PAGED_SPEC_PROFILE"
 _PLUGIN = "paged-spec-conformance-summary"

@@ -29,8 +29,6 @@ import random
 import sys
 from collections.abc import Sequence
 
-import torch
-
 from conformance.errors import SetupError
 from conformance.run.discovery import load_backend
 from paged_spec._cli import positive_int
@@ -129,12 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--beams", type=positive_int, help="run beam search of this width")
     parser.add_argument("--steps", type=positive_int, default=24, help="beam search: tokens")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # tiny matrices: threads only contend
-
     try:
         backend = make_backend(args.backend)
     except SetupError as e:  # a spec that names no usable backend: a usage error
         parser.error(f"--backend {args.backend}: {e}")
+    torch = sys.modules.get("torch")  # loaded only by a backend that computes with it
+    if torch is not None:
+        torch.set_num_threads(1)  # tiny matrices: threads only contend
     model = TinyModel()
     if args.beams is not None:
         return beams(args, model, backend)

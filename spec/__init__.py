@@ -13,27 +13,32 @@ the first says why, and each later one imports only modules listed before it:
 6. :mod:`spec.batch` - one step flattened into the metadata kernels consume.
 7. :mod:`spec.quant` - fp8 KV: what a quantized cache stores.
 8. :mod:`spec.kv_memory` - KV memory in the paged layout; gather through a table.
-9. :mod:`spec.attention` - reference paged attention in float64, and its variants.
-10. :mod:`spec.backend` - the contract any backend implements.
-11. :mod:`spec.request` - requests and their lifecycle.
-12. :mod:`spec.swap` - the host pool that preemption by swapping uses.
-13. :mod:`spec.metrics` - what a serving operator watches.
-14. :mod:`spec.sched_policy` - the scheduler's knobs, and the rank that orders sequences.
-15. :mod:`spec.sched_queue` - queues ordered by that rank.
-16. :mod:`spec.cache_manager` - the memory side: one query and one command per decision.
-17. :mod:`spec.speculative` - speculative decoding: lookahead slots, verification, rollback.
-18. :mod:`spec.sched_types` - what a step decides, and the scheduler protocol.
-19. :mod:`spec.sched_continuous` - continuous batching: admit, run, finish every step.
-20. :mod:`spec.sched_static` - the static baseline.
-21. :mod:`spec.scheduler` - the lesson of the scheduler and its public names (its
-    docstring reads well first; its code only gathers 14-20).
+9. :mod:`spec.attention` - the definition: one sequence's attention, and its variants.
+10. :mod:`spec.precision` - how a lower-precision kernel computes it (the suite's emulation).
+11. :mod:`spec.attention_batched` - the same, many decodes at once: the suite's tool.
+12. :mod:`spec.kv_geometry` - the shape of a KV cache, and the dtypes by name.
+13. :mod:`spec.capabilities` - what a backend declares it can run.
+14. :mod:`spec.backend` - the contract any backend implements.
+15. :mod:`spec.request` - requests and their lifecycle.
+16. :mod:`spec.swap` - the host pool that preemption by swapping uses.
+17. :mod:`spec.metrics` - what a serving operator watches.
+18. :mod:`spec.sched_policy` - the scheduler's knobs, and the rank that orders sequences.
+19. :mod:`spec.sched_queue` - queues ordered by that rank.
+20. :mod:`spec.cache_manager` - the memory side: one query and one command per decision.
+21. :mod:`spec.speculative` - speculative decoding: lookahead slots, verification, rollback.
+22. :mod:`spec.sched_types` - what a step decides, and the scheduler protocol.
+23. :mod:`spec.sched_continuous` - continuous batching: admit, run, finish every step.
+24. :mod:`spec.sched_static` - the static baseline.
+25. :mod:`spec.scheduler` - the lesson of the scheduler and its public names (its
+    docstring reads well first; its code only gathers 18-24).
 """
 
 from spec.attention import paged_attention
-from spec.backend import Backend, Capabilities, KVGeometry, ReferenceBackend
+from spec.backend import Backend, ReferenceBackend
 from spec.batch import PAD_BLOCK, BatchMetadata, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
 from spec.block_pool import BlockPool
+from spec.capabilities import Capabilities
 from spec.errors import (
     CapacityError,
     DoubleFreeError,
@@ -45,6 +50,7 @@ from spec.errors import (
     UnknownBlockError,
     UnknownSequenceError,
 )
+from spec.kv_geometry import KVGeometry
 from spec.kv_memory import KVMemory
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Reference paged attention, in float64: what every backend must compute.
+"""Reference paged attention, in float64: what every backend must compute, one sequence at a time.
 
 For each scheduled query token at position ``p`` of its sequence, attention
 reads that sequence's keys and values at positions ``0 .. p`` (causal), found
@@ -45,12 +45,18 @@ against scores of 0 takes one share of the weight:
 2.5
 >>> round(float(attend(q, k, v, np.array([3]), 1.0, AttentionVariant(sinks=(0.0,)))[0, 0, 0]), 9)
 1.2
+
+This module is the definition, written to be read: :func:`attend` is one
+sequence's attention, step by step, and :func:`paged_attention` gathers each
+sequence's keys through its block table and attends. The conformance suite
+and the reference backend compute the same thing faster, many decodes at once
+(:mod:`spec.attention_batched`), and at a kernel's lower precision
+(:mod:`spec.precision`); tests prove both equal to this definition.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,36 +145,84 @@ def alibi_slopes(num_heads: int) -> tuple[float, ...]:
     return tuple(first + extra)
 
 
-@dataclass(frozen=True)
-class Precision:
-    """How a lower-precision kernel computes the same attention: the arithmetic, and what it rounds.
+def attend(
+    query: F64,
+    key: F64,
+    value: F64,
+    positions: NDArray[np.int64],
+    scale: float,
+    variant: AttentionVariant = PLAIN,
+    *,
+    first_key: int = 0,
+) -> F64:
+    """Causal attention over one sequence's contiguous K and V, with ``variant`` applied.
 
-    The default is the spec itself: float64 throughout, probabilities
-    normalised before the ``P @ V`` product. With ``compute="float32"`` every
-    product and sum is float32 (float32 accumulation, as a kernel's tensor-core
-    dot does); ``round_kv`` is applied to the K and V a kernel reads (an fp8
-    cache dequantized to the activation dtype); ``round_p`` to the
-    *unnormalised* probabilities ``exp(s - max)`` before ``P @ V``, as a
-    half-precision kernel does, which then divides by their (unrounded)
-    float32 sum. The conformance suite uses it for its same-precision
-    reference (:mod:`conformance.judges.numerics`).
+    ``query`` is ``[n, H, D]`` for tokens at ``positions``; ``key`` and
+    ``value`` are ``[t, H_kv, D]`` for positions ``first_key .. first_key + t - 1``.
     """
+    group = query.shape[1] // key.shape[1]  # query head h reads KV head h // group
+    k, v = np.repeat(key, group, axis=1), np.repeat(value, group, axis=1)
+    key_pos = first_key + np.arange(key.shape[0])  # [t]
+    distance = key_pos[None, :] - np.asarray(positions)[:, None]  # [n, t]; <= 0 if visible
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below
+        scores = np.einsum("nhd,thd->hnt", query, k) * scale  # [H, n, t], scaled
+        if variant.softcap is not None:  # 1. soft-capping
+            scores = variant.softcap * np.tanh(scores / variant.softcap)
+        if variant.alibi_slopes is not None:  # 2. ALiBi
+            scores = scores + np.asarray(variant.alibi_slopes)[:, None, None] * distance
+    visible = distance <= 0  # 3. causal, and the window
+    if variant.window is not None:
+        visible &= distance > -variant.window
+    q_ok = np.asarray(np.isfinite(query).all(axis=-1)).T  # [H, n]
+    k_ok = np.asarray(np.isfinite(k).all(axis=-1)).T  # [H, t]
+    refuse_overflow(scores, q_ok, k_ok, visible, scale, variant)
+    scores = np.where(visible, scores, -np.inf)
+    # 4. softmax, the sink (if any) one more logit in the denominator
+    sink = np.full(query.shape[1], -np.inf) if variant.sinks is None else np.array(variant.sinks)
+    top = np.maximum(scores.max(axis=-1), sink[:, None])[..., None]  # finite: a query sees itself
+    weights = np.exp(scores - top)
+    weights /= weights.sum(axis=-1, keepdims=True) + np.exp(sink[:, None, None] - top)
+    out: F64 = np.einsum("hnt,thd->nhd", weights, v)
+    return out
 
-    compute: str = "float64"  # the dtype of every product and sum: "float64" or "float32"
-    round_kv: Callable[[F64], F64] | None = None  # applied to the K and V read; None: as stored
-    round_p: Callable[[F64], F64] | None = None  # applied to exp(s - max) before P @ V
 
-    @property
-    def exact(self) -> bool:
-        """True for the spec's own arithmetic (float64, nothing rounded)."""
-        return self.compute == "float64" and self.round_kv is None and self.round_p is None
+def refuse_overflow(
+    scores: F64,
+    q_ok: NDArray[np.bool_],
+    k_ok: NDArray[np.bool_],
+    visible: NDArray[np.bool_],
+    scale: float,
+    variant: AttentionVariant,
+) -> None:
+    """Refuse scores that overflowed: a finite query and key must give a finite score.
 
-
-EXACT = Precision()
-"""The spec's own arithmetic: float64, nothing rounded."""
-
-_DECODE_CHUNK_ELEMENTS = 1 << 22
-"""Padded K elements per vectorised group of decodes: bounds the reference's temporary memory."""
+    ``scores`` is ``[..., H, n, t]``; ``q_ok`` ``[..., H, n]`` and ``k_ok``
+    ``[..., H, t]`` say which query and key rows are finite; ``visible``
+    ``[..., n, t]``. A huge but finite scale or ALiBi slope (or huge values) can
+    push ``scale * q . k`` or ``slope * (k - p)`` past the largest float, and the
+    softmax of an infinite score is NaN (``inf - inf``): a silently wrong answer,
+    so the spec refuses the call. A NaN that comes from the inputs (a read of a
+    slot nobody wrote) is not an overflow: it flows through. Soft-capping bounds
+    every score, so with a cap only ALiBi can overflow. One rule, for the plain
+    definition and for the suite's batched path (:mod:`spec.attention_batched`).
+    """
+    finite = np.isfinite(scores)
+    if finite.all():  # the common case: one pass, nothing more
+        return
+    bad = ~finite & visible[..., None, :, :] & q_ok[..., :, :, None] & k_ok[..., :, None, :]
+    if not bad.any():
+        return
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    head = where[-3]
+    used = f"scale {scale!r}"
+    if variant.alibi_slopes is not None:
+        used += f", ALiBi slope {variant.alibi_slopes[head]!r}"
+    raise ArgumentValueError(
+        f"attention scores overflow {scores.dtype}: {used} give query head {head} (query row "
+        f"{where[-2]}, key {where[-1]}) a score of {float(scores[where])} from a finite query "
+        "and key; a softmax over overflowed scores is NaN or meaningless, so the call is "
+        "refused: use a smaller scale or slope"
+    )
 
 
 def paged_attention(
@@ -180,17 +234,32 @@ def paged_attention(
     *,
     variant: AttentionVariant | None = None,
     group: int = 0,
-    precision: Precision = EXACT,
 ) -> F64:
     """Attention output ``[num_tokens, num_heads, head_dim]`` for every token of the batch.
 
     ``group`` is the KV cache group of ``layer``: whose block tables it reads
     (:meth:`spec.batch.BatchMetadata.tables`). A windowed layer gathers only
     the keys its queries can see, so blocks released before the window are
-    never read. Single-token queries (decodes) of many sequences are computed
-    together, padded to the longest context of a group: the same arithmetic
-    per sequence, without a Python loop over hundreds of them.
+    never read.
     """
+    variant, scale = check_attention(query, batch, memory, scale, variant)
+    layer, group = check_layer_group(batch, memory, layer, group)
+    out = np.empty((batch.num_tokens, query.shape[1], query.shape[2]))
+    for i in range(batch.num_seqs):
+        start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
+        k, v, positions, first = gather_visible(batch, memory, layer, group, variant, i)
+        out[start:end] = attend(query[start:end], k, v, positions, scale, variant, first_key=first)
+    return out
+
+
+def check_attention(
+    query: F64,
+    batch: BatchMetadata,
+    memory: KVMemory,
+    scale: float | None,
+    variant: AttentionVariant | None,
+) -> tuple[AttentionVariant, float]:
+    """Refuse a query, batch and memory that do not fit together; the variant and scale to use."""
     check_instance("batch", batch, BatchMetadata)
     check_instance("memory", memory, KVMemory)
     if not isinstance(query, np.ndarray) or query.dtype.kind != "f":
@@ -199,9 +268,6 @@ def paged_attention(
             f"{getattr(query, 'dtype', '')}".rstrip()
         )
     variant = PLAIN if variant is None else check_instance("variant", variant, AttentionVariant)
-    check_instance("precision", precision, Precision)
-    group = check_int("group", group, low=0, high=batch.num_groups - 1)
-    layer = check_int("layer", layer, low=0, high=memory.num_layers - 1)
     num_kv_heads, head_dim = memory.shape[2], memory.shape[3]
     if query.ndim != 3 or query.shape[0] < batch.num_tokens or query.shape[2] != head_dim:
         raise InvalidRequestError(
@@ -218,217 +284,28 @@ def paged_attention(
         raise InvalidRequestError(f"{num_heads} query heads do not divide into {num_kv_heads}")
     variant.check_heads(num_heads)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
-    out = np.empty((batch.num_tokens, num_heads, head_dim))  # every row is some sequence's
-    decodes = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
-    for chunk in _decode_groups(batch, decodes, num_kv_heads * head_dim):
-        rows = [batch.query_start_loc[i] for i in chunk]
-        keys = [_gather(batch, memory, layer, group, variant, i, precision) for i in chunk]
-        out[rows] = _attend_padded(query[rows][:, None], keys, scale, variant, precision)[:, 0]
-    for i in range(batch.num_seqs):
-        if batch.query_len(i) > 1:
-            start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            keys = [_gather(batch, memory, layer, group, variant, i, precision)]
-            out[start:end] = _attend_padded(
-                query[None, start:end], keys, scale, variant, precision
-            )[0]
-    return out
+    return variant, scale
 
 
-_Keys = tuple[F64, F64, NDArray[np.int64], int]
-"""One sequence's K and V, its query positions, and the position of its first key."""
+def check_layer_group(
+    batch: BatchMetadata, memory: KVMemory, layer: int, group: int
+) -> tuple[int, int]:
+    """``layer`` one of the memory's, ``group`` one of the batch's KV cache groups."""
+    layer = check_int("layer", layer, low=0, high=memory.num_layers - 1)
+    return layer, check_int("group", group, low=0, high=batch.num_groups - 1)
 
 
-def _gather(
+def gather_visible(
     batch: BatchMetadata,
     memory: KVMemory,
     layer: int,
     group: int,
     variant: AttentionVariant,
     i: int,
-    precision: Precision,
-) -> _Keys:
+) -> tuple[F64, F64, NDArray[np.int64], int]:
+    """Sequence ``i``'s K and V from its first visible key on, its query positions, that key."""
     start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
     positions = np.asarray(batch.positions[start:end], dtype=np.int64)
     first = variant.first_visible(int(positions[0]))
     k, v = memory.gather(layer, batch.tables(group)[i], batch.seq_lens[i], start=first)
-    if precision.round_kv is not None:
-        k, v = precision.round_kv(k), precision.round_kv(v)
     return k, v, positions, first
-
-
-def _decode_groups(batch: BatchMetadata, decodes: list[int], row_elements: int) -> list[list[int]]:
-    """Decodes in groups of similar context length, each padded group under a memory bound."""
-    ordered = sorted(decodes, key=lambda i: batch.seq_lens[i])
-    groups: list[list[int]] = []
-    for i in ordered:
-        if groups and (len(groups[-1]) + 1) * batch.seq_lens[i] * row_elements <= (
-            _DECODE_CHUNK_ELEMENTS
-        ):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def _attend_padded(
-    query: F64, keys: list[_Keys], scale: float, variant: AttentionVariant, precision: Precision
-) -> F64:
-    """:func:`attend` for ``S`` sequences at once: ``query`` is ``[S, n, H, D]``, out the same.
-
-    Each sequence's keys are padded with zeros to the longest; padded keys are
-    invisible (their weight is exactly zero), so each sequence's result is its
-    own.
-    """
-    width = max(k.shape[0] for k, _, _, _ in keys)
-    s, (h_kv, d) = len(keys), keys[0][0].shape[1:]
-    dt = np.dtype(precision.compute)
-    k_all, v_all = np.zeros((s, h_kv, width, d), dt), np.zeros((s, h_kv, width, d), dt)
-    key_pos = np.zeros((s, width), dtype=np.int64)
-    valid = np.zeros((s, width), dtype=np.bool_)
-    for j, (k, v, _, first) in enumerate(keys):
-        k_all[j, :, : k.shape[0]] = k.transpose(1, 0, 2)
-        v_all[j, :, : k.shape[0]] = v.transpose(1, 0, 2)
-        key_pos[j] = first + np.arange(width)
-        valid[j, : k.shape[0]] = True
-    positions = np.stack([p for _, _, p, _ in keys])
-    return _attend_batch(query, k_all, v_all, positions, key_pos, valid, scale, variant, precision)
-
-
-def attend(
-    query: F64,
-    key: F64,
-    value: F64,
-    positions: NDArray[np.int64],
-    scale: float,
-    variant: AttentionVariant = PLAIN,
-    *,
-    first_key: int = 0,
-    precision: Precision = EXACT,
-) -> F64:
-    """Causal attention over one sequence's contiguous K and V, with ``variant`` applied.
-
-    ``query`` is ``[n, H, D]`` for tokens at ``positions``; ``key`` and
-    ``value`` are ``[t, H_kv, D]`` for positions ``first_key .. first_key + t - 1``.
-    """
-    key_pos = first_key + np.arange(key.shape[0])[None]
-    valid = np.ones(key_pos.shape, dtype=np.bool_)
-    out = _attend_batch(
-        query[None],
-        key.transpose(1, 0, 2)[None],
-        value.transpose(1, 0, 2)[None],
-        np.asarray(positions)[None],
-        key_pos,
-        valid,
-        scale,
-        variant,
-        precision,
-    )
-    first: F64 = out[0]
-    return first
-
-
-def _attend_batch(
-    query: F64,
-    key: F64,
-    value: F64,
-    positions: NDArray[np.int64],
-    key_pos: NDArray[np.int64],
-    valid: NDArray[np.bool_],
-    scale: float,
-    variant: AttentionVariant,
-    precision: Precision,
-) -> F64:
-    """The arithmetic of attention, batched over a leading sequence axis.
-
-    ``query`` ``[S, n, H, D]`` at ``positions`` ``[S, n]``; ``key``/``value``
-    ``[S, H_kv, t, D]`` (head-major, as a kernel tiles them) at ``key_pos``
-    ``[S, t]``, of which ``valid`` are real.
-    Query head ``h`` reads KV head ``h // g`` with ``g = H / H_kv``: the heads
-    of one KV head form one matrix, so K and V are never repeated per head.
-    """
-    dt = np.dtype(precision.compute)
-    s, n, num_heads, d = query.shape
-    h_kv, t = key.shape[1], key.shape[2]
-    g = num_heads // h_kv
-    # [S, H_kv, g * n, D]: rows of one KV head's group; the g query heads of KV head j are j*g..
-    q = np.asarray(query, dt).reshape(s, n, h_kv, g, d).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(s, h_kv, -1, d)
-    k = np.asarray(key, dt).transpose(0, 1, 3, 2)  # [S, H_kv, D, t]
-    v = np.asarray(value, dt)
-    # In place where it can be: at production sizes each temporary is tens of megabytes.
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused just below
-        scores = (q @ k).reshape(s, num_heads, n, t)
-        scores *= dt.type(scale)
-        if variant.softcap is not None:
-            cap = dt.type(variant.softcap)
-            scores /= cap
-            np.tanh(scores, out=scores)
-            scores *= cap
-        if variant.alibi_slopes is not None:
-            distance = key_pos[:, None, :] - positions[:, :, None]  # [S, n, t], <= 0 if visible
-            slopes = np.asarray(variant.alibi_slopes, dtype=dt)[None, :, None, None]
-            scores += slopes * distance[:, None].astype(dt)
-    visible = (key_pos[:, None, :] <= positions[:, :, None]) & valid[:, None, :]  # [S, n, t]
-    if variant.window is not None:
-        visible &= key_pos[:, None, :] > positions[:, :, None] - variant.window
-    _check_scores(scores, query, key, visible, positions, key_pos, scale, variant)
-    np.copyto(scores, dt.type(-np.inf), where=~visible[:, None])
-    top = scores.max(axis=-1, keepdims=True)  # finite: every query sees itself
-    if variant.sinks is not None:
-        sinks = np.asarray(variant.sinks, dtype=dt)[None, :, None, None]  # [1, H, 1, 1]
-        top = np.maximum(top, sinks)
-    scores -= top
-    weights = np.exp(scores, out=scores)
-    total = weights.sum(axis=-1, keepdims=True)
-    if variant.sinks is not None:
-        total = total + np.exp(sinks - top)
-    if precision.round_p is None:
-        weights /= total
-        mixed = weights.reshape(s, h_kv, -1, t) @ v
-    else:
-        p = precision.round_p(weights).astype(dt)
-        mixed = (p.reshape(s, h_kv, -1, t) @ v) / total.reshape(s, h_kv, -1, 1)
-    out: F64 = mixed.reshape(s, h_kv, g, n, d).transpose(0, 3, 1, 2, 4).reshape(s, n, num_heads, d)
-    return out.astype(np.float64)
-
-
-def _check_scores(
-    scores: F64,
-    query: F64,
-    key: F64,
-    visible: NDArray[np.bool_],
-    positions: NDArray[np.int64],
-    key_pos: NDArray[np.int64],
-    scale: float,
-    variant: AttentionVariant,
-) -> None:
-    """Refuse scores that overflowed: a finite query and key must give a finite score.
-
-    A huge but finite scale or ALiBi slope (or huge values) can push ``scale *
-    q . k`` or ``slope * (k - p)`` past the largest float, and the softmax of an
-    infinite score is NaN (``inf - inf``): a silently wrong answer, so the spec
-    refuses the call instead. A NaN that comes from the inputs (a read of a slot
-    nobody wrote) is not an overflow: it flows through, as everywhere in the spec.
-    Soft-capping bounds every score, so with a cap only ALiBi can overflow.
-    """
-    finite = np.isfinite(scores)
-    if finite.all():  # the common case: one pass, nothing more
-        return
-    num_heads, h_kv = scores.shape[1], key.shape[1]
-    q_ok = np.asarray(np.isfinite(query).all(axis=-1))  # [S, n, H]
-    k_ok = np.asarray(np.isfinite(key).all(axis=-1))  # [S, H_kv, t]
-    q_ok = q_ok.transpose(0, 2, 1)  # [S, H, n]
-    k_ok = np.repeat(k_ok, num_heads // h_kv, axis=1)  # [S, H, t]: head h reads KV head h // g
-    bad = ~finite & visible[:, None] & q_ok[..., None] & k_ok[:, :, None, :]
-    if not bad.any():
-        return
-    s, h, j, t = (int(x) for x in np.argwhere(bad)[0])
-    used = f"scale {scale!r}"
-    if variant.alibi_slopes is not None:
-        used += f", ALiBi slope {variant.alibi_slopes[h]!r}"
-    raise ArgumentValueError(
-        f"attention scores overflow {scores.dtype}: {used} give query head {h} at position "
-        f"{int(positions[s, j])} a score of {float(scores[s, h, j, t])} against the key at "
-        f"position {int(key_pos[s, t])} from a finite query and key; a softmax over overflowed "
-        "scores is NaN or meaningless, so the call is refused: use a smaller scale or slope"
-    )

@@ -23,8 +23,10 @@ import numpy as np
 
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from spec.attention import AttentionVariant
-from spec.backend import Capabilities, FloatArray, KVGeometry
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 
 class _Float32Only(NumpyPagedBackend):

@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 
 from backend_gpu.torch_backend import TorchBackend
 from backend_gpu.triton_backend import TritonBackend
-from spec.backend import Backend, KVGeometry, ReferenceBackend
+from spec.backend import Backend, ReferenceBackend
 from spec.batch import build_batch
 from spec.errors import InvalidRequestError, UnknownBlockError
+from spec.kv_geometry import KVGeometry
 
 FEW = fewer_examples(6, minimum=3)
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from spec.attention import AttentionVariant
-from spec.backend import Backend, KVGeometry, ReferenceBackend
+from spec.backend import Backend, ReferenceBackend
 from spec.cache_manager import FULL_ATTENTION, CacheManager, sliding_window
+from spec.kv_geometry import KVGeometry
 from spec.kv_groups import KVCacheGroup
 
 

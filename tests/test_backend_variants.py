@@ -36,9 +36,10 @@ from backend_gpu.torch_backend import TorchBackend
 from backend_gpu.triton_backend import TritonBackend
 from spec.attention import PLAIN, VARIANTS, AttentionVariant, alibi_slopes
 from spec.attention import paged_attention as reference_attention
-from spec.backend import KV_DTYPES, Backend, KVGeometry, ReferenceBackend
+from spec.backend import Backend, ReferenceBackend
 from spec.batch import PAD_BLOCK, BatchMetadata
 from spec.errors import SpecError
+from spec.kv_geometry import KV_DTYPES, KVGeometry
 from spec.quant import FP8_FORMATS, quantize
 
 FEW = fewer_examples(4, minimum=4)

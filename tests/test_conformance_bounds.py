@@ -43,8 +43,9 @@ from conformance.planted.kernels import (
     paged_sum,
 )
 from spec.attention import paged_attention as reference_attention
-from spec.backend import KVGeometry, ReferenceBackend
+from spec.backend import ReferenceBackend
 from spec.batch import BatchMetadata, GroupLayout
+from spec.kv_geometry import KVGeometry
 
 pytestmark = pytest.mark.skipif(
     not interpreting(), reason="the bounds checker needs TRITON_INTERPRET=1 (a CPU run)"

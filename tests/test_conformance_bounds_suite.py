@@ -34,8 +34,9 @@ from conformance.reports.report import replay_script, summary_lines, text_report
 from conformance.run.control import RunControl, environment_options
 from conformance.run.runner import RunResult, run_suite, same_outcome
 from conformance.testing import _merge
-from spec.backend import Backend, KVGeometry, ReferenceBackend
+from spec.backend import Backend, ReferenceBackend
 from spec.batch import PADDING_RULE
+from spec.kv_geometry import KVGeometry
 
 pytestmark = pytest.mark.skipif(
     not interpreting(), reason="the bounds checker needs TRITON_INTERPRET=1 (a CPU run)"

@@ -16,7 +16,8 @@ from conformance.planted.backends import WritesPaddingSlot
 from conformance.reports.report import replay_script, reproduce_command
 from conformance.run.discovery import installed_backends, load_backend
 from conformance.run.runner import RunResult, run_suite
-from spec.backend import Capabilities, ReferenceBackend
+from spec.backend import ReferenceBackend
+from spec.capabilities import Capabilities
 
 BROKEN = "conformance.planted.backends:WritesPaddingSlot"
 

@@ -17,7 +17,8 @@ from conformance.planted.backends import CopiesKeyOnly
 from conformance.run.control import RunControl, environment_options
 from conformance.run.runner import run_suite
 from conformance.testing import _merge
-from spec.backend import Capabilities, ReferenceBackend
+from spec.backend import ReferenceBackend
+from spec.capabilities import Capabilities
 
 BROKEN = "conformance.planted.backends:CopiesKeyOnly"
 

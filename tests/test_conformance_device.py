@@ -28,8 +28,10 @@ from conformance.run.runner import run_suite
 from conformance.testing import BackendConformance
 from paged_spec.engine_demo import make_backend as engine_backend
 from spec.attention import AttentionVariant
-from spec.backend import Backend, Capabilities, FloatArray, KVGeometry, ReferenceBackend
+from spec.backend import Backend, FloatArray, ReferenceBackend
 from spec.batch import BatchArrays, BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "tests/device_backend/device_backend.py"

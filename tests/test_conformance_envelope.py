@@ -20,8 +20,9 @@ from conformance.lockstep.workload import WorkloadConfig
 from conformance.reports.report import json_report, text_report, write_junit
 from conformance.run.runner import run_suite
 from spec.attention import AttentionVariant
-from spec.backend import Capabilities, KVGeometry
 from spec.batch import BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 DECODE_ONLY = Path(__file__).parent / "decode_only_backend" / "decode_backend.py"
 

@@ -28,8 +28,10 @@ from conformance.planted.groups import PLANTED_GROUPS, DropsReleasedEntries, Rea
 from conformance.reports.report import text_report
 from conformance.run.runner import RunResult, run_suite
 from spec.attention import PLAIN, VARIANTS, AttentionVariant
-from spec.backend import Backend, Capabilities, KVGeometry, ReferenceBackend
+from spec.backend import Backend, ReferenceBackend
 from spec.batch import PAD_BLOCK
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 
 def _torch() -> Backend:

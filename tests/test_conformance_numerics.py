@@ -17,7 +17,9 @@ from conformance.lockstep.workload import WorkloadConfig, geometry_for, large_po
 from conformance.planted.backends import Fp16Accumulation, RoundsTowardZero, WritesPaddingSlot
 from conformance.run.runner import run_suite
 from spec.attention import paged_attention
-from spec.backend import KVGeometry, ReferenceBackend
+from spec.attention_batched import paged_attention_batched
+from spec.backend import ReferenceBackend
+from spec.kv_geometry import KVGeometry
 from spec.kv_memory import KVMemory
 
 
@@ -127,7 +129,9 @@ def test_same_precision_reference_rounds_like_a_half_precision_kernel() -> None:
     ls.manager.append_slots(0, [1])
     batch = build_batch(ls.manager, [(0, 1)])
     exact = paged_attention(q[:1], batch, mem, 0, 0.3)
-    same = paged_attention(q[:1], batch, mem, 0, 0.3, precision=same_precision(g.dtype, False))
+    same = paged_attention_batched(
+        q[:1], batch, mem, 0, 0.3, precision=same_precision(g.dtype, False)
+    )
     assert 0 < np.abs(round_to(same, "float16") - exact).max() < 4 * ulp(exact, "float16").max()
 
 

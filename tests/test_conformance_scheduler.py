@@ -21,9 +21,8 @@ import pytest
 from conformance.cli import main
 from conformance.errors import SetupError
 from conformance.planted.schedulers import BudgetPerSequence, _Wrapped
-from conformance.scheduler.engine import EQUIVALENCE, EngineExecutor
+from conformance.scheduler.engine import EQUIVALENCE, MODEL, EngineExecutor
 from conformance.scheduler.invariants import SchedulerInvariantError, run_checked
-from conformance.scheduler.model import generate_alone
 from conformance.scheduler.report import replay_script, reproduce_command
 from conformance.scheduler.suite import (
     PROFILES,
@@ -34,6 +33,7 @@ from conformance.scheduler.suite import (
     run_scheduler_suite,
 )
 from conformance.scheduler.workloads import Workload
+from paged_spec.engine.tiny_model import generate_alone
 from spec.request import Request
 from spec.scheduler import (
     ContinuousScheduler,
@@ -254,7 +254,7 @@ def test_batching_changes_nothing_the_model_generates() -> None:
     )
     for r in _REQUESTS:
         assert report.results[r.request_id].outputs == tuple(
-            generate_alone(r, i) for i in range(r.n)
+            generate_alone(MODEL, r, i) for i in range(r.n)
         )
 
 

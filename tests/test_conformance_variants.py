@@ -25,7 +25,9 @@ from conformance.lockstep.workload import LONG_PROMPTS, WorkloadConfig
 from conformance.planted.variants import Fp8NoSaturation, WindowOffByOne
 from conformance.run.runner import run_suite
 from spec.attention import VARIANTS
-from spec.backend import KV_DTYPES, Capabilities, ReferenceBackend
+from spec.backend import ReferenceBackend
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KV_DTYPES
 from spec.quant import FP8_FORMATS
 
 TILE = 64  # keys per tile of the Triton kernel on the CPU path, and of OnlineSoftmaxNoRescale

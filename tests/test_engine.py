@@ -19,7 +19,7 @@ from hypothesis import given, settings
 
 from conformance.scheduler.workloads import Workload, workloads
 from paged_spec.engine.loop import Engine
-from paged_spec.engine.tiny_model import ModelConfig, TinyModel, generate_alone
+from paged_spec.engine.tiny_model import SMALL, TinyModel, generate_alone
 from paged_spec.engine_demo import make_backend
 from spec.backend import Backend, ReferenceBackend
 from spec.request import Request
@@ -30,9 +30,7 @@ from spec.scheduler import (
     StaticScheduler,
 )
 
-MODEL = TinyModel(
-    ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=64)
-)
+MODEL = TinyModel(SMALL)
 
 
 @pytest.fixture(autouse=True)

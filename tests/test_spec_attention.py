@@ -10,11 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec.attention import paged_attention
-from spec.backend import Backend, Capabilities, KVGeometry, ReferenceBackend
+from spec.backend import Backend, ReferenceBackend
 from spec.batch import PAD_BLOCK, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
+from spec.capabilities import Capabilities
 from spec.errors import InvalidRequestError, UnknownBlockError, UnknownSequenceError
 from spec.kv_budget import cdiv
+from spec.kv_geometry import KVGeometry
 from spec.kv_memory import KVMemory
 
 

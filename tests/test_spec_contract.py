@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from spec.attention import AttentionVariant
-from spec.backend import Capabilities, KVGeometry, ReferenceBackend
+from spec.backend import ReferenceBackend
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import BlockManager
+from spec.capabilities import Capabilities
 from spec.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -19,6 +20,7 @@ from spec.errors import (
     InvalidRequestError,
     UnknownBlockError,
 )
+from spec.kv_geometry import KVGeometry
 
 
 def _batch() -> BatchMetadata:

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec.attention import AttentionVariant, alibi_slopes, attend
-from spec.backend import KVGeometry
 from spec.errors import ArgumentTypeError, ArgumentValueError, SpecError
+from spec.kv_geometry import KVGeometry
 from spec.kv_memory import KVMemory
 from spec.quant import FP8_FORMATS, dequantize, quantize, round_fp8
 

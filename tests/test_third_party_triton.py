@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conformance import load_backend, run_suite
-from spec.backend import KVGeometry
+from spec.kv_geometry import KVGeometry
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = "tests/third_party_triton/adapter.py:make_backend"

@@ -20,7 +20,8 @@ from conformance.run.runner import run_suite
 from conformance.vectors.check import check_vectors
 from conformance.vectors.export import export_vectors
 from conformance.vectors.format import VectorError, load_array, save_array
-from spec.backend import Capabilities, ReferenceBackend
+from spec.backend import ReferenceBackend
+from spec.capabilities import Capabilities
 
 __all__ = ["exported"]  # the session fixture, imported for pytest
 

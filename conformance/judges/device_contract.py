@@ -47,8 +47,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conformance.judges.dtypes import F64
-from spec.backend import Backend, Capabilities, KVGeometry
+from spec.backend import Backend
 from spec.batch import BatchArrays, BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 if TYPE_CHECKING:
     import torch

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from conformance.judges.dtypes import F64, round_to
-from spec.attention import Precision
+from spec.precision import Precision
 
 MANTISSA_BITS = {"float32": 23, "float16": 10, "bfloat16": 7}
 """Explicit mantissa bits of each activation dtype."""

@@ -17,7 +17,7 @@ What the backend sees can differ from what the spec decides in two ways:
   stay small. One guard block below and one above are primed and must never
   change.
 * **Capabilities**: a backend is never handed an attention batch its
-  :class:`~spec.backend.Capabilities` refuse. Attention is split into calls
+  :class:`~spec.capabilities.Capabilities` refuse. Attention is split into calls
   it accepts (decodes apart from prefill chunks without ``mixed_batches``, at
   most ``max_num_seqs`` sequences each); a sequence whose query it cannot run
   at all (a prefill for a decode-only kernel) still has its KV written and
@@ -102,11 +102,13 @@ from conformance.lockstep.workload import (
     queries,
 )
 from conformance.run.calls import attention_calls, sub_batch, token_rows
-from spec.attention import paged_attention
-from spec.backend import Backend, Capabilities, KVGeometry
+from spec.attention_batched import paged_attention_batched
+from spec.backend import Backend
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
+from spec.capabilities import Capabilities
 from spec.errors import OutOfBlocksError
+from spec.kv_geometry import KVGeometry
 from spec.kv_memory import KVMemory
 from spec.quant import dequantize, quantize
 
@@ -517,7 +519,7 @@ class Lockstep:
             return np.zeros((0, *query.shape[1:]))
         c = self.config
         precision = {"precision": self._same} if same_precision else {}
-        return paged_attention(
+        return paged_attention_batched(
             query,
             batch,
             self.memory,

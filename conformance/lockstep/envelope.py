@@ -5,7 +5,7 @@ Production kernels run head dims 64, 128, 80, 96, 112 and 256, block sizes of
 grouped-query ratios up to 8 (3, 5 and 7 included), batches of tens to
 hundreds of sequences and pools whose element offsets pass 2^31. The
 envelope is all of that plus the small shapes that failures shrink to. A
-backend's declared :class:`~spec.backend.Capabilities` are intersected with
+backend's declared :class:`~spec.capabilities.Capabilities` are intersected with
 it (:mod:`conformance.lockstep.plan`).
 
 There are two envelopes, chosen by ``capabilities.device``:

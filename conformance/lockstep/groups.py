@@ -1,6 +1,6 @@
 """What the suite draws for KV cache groups, from a backend's capabilities.
 
-A backend that declares :attr:`~spec.backend.Capabilities.kv_groups` gets a
+A backend that declares :attr:`~spec.capabilities.Capabilities.kv_groups` gets a
 pass of examples (the ``groups`` pass of :data:`conformance.lockstep.plan.PASSES`)
 whose layers form :data:`GROUPS` groups, each with its own block tables over
 one shared pool (:mod:`spec.cache_manager`):
@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from conformance.lockstep.envelope import Envelope
 from conformance.lockstep.workload import WorkloadConfig
 from spec.attention import AttentionVariant
-from spec.backend import Capabilities
+from spec.capabilities import Capabilities
 
 GROUPS = 2
 """KV cache groups of a groups-pass example: full attention, and a window (or full)."""

@@ -26,10 +26,12 @@ from numpy.typing import NDArray
 
 from conformance.judges.dtypes import round_to
 from spec.attention import PLAIN, VARIANTS, AttentionVariant
-from spec.backend import KV_DTYPES, Capabilities, FloatArray, KVGeometry
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
 from spec.block_manager import PAD_SLOT, cdiv
+from spec.capabilities import Capabilities
 from spec.errors import InvalidRequestError
+from spec.kv_geometry import KV_DTYPES, KVGeometry
 from spec.quant import FP8_FORMATS, round_fp8
 
 F32 = NDArray[np.float32]

@@ -60,8 +60,9 @@ from conformance.lockstep.workload import (
     pool_blocks,
     scale_for,
 )
-from spec.backend import DTYPES, Capabilities, KVGeometry
 from spec.block_manager import cdiv
+from spec.capabilities import Capabilities
+from spec.kv_geometry import DTYPES, KVGeometry
 
 _DTYPE_ORDER = ("float16", "float32", "bfloat16")
 """fp16 first: Hypothesis draws the first value most, and fp16 overflows where others do not."""

@@ -2,7 +2,7 @@
 
 Each layer of a workload gets its own :class:`~spec.attention.AttentionVariant`
 (hybrid models mix windowed and full layers), drawn only from what the backend
-declares in :attr:`~spec.backend.Capabilities.variants`, with values chosen so
+declares in :attr:`~spec.capabilities.Capabilities.variants`, with values chosen so
 that every variant changes the output, relative to ``score_spread`` (the
 standard deviation of the scaled scores ``scale * q . k``, 1 or 16 in the suite):
 
@@ -47,7 +47,8 @@ from hypothesis import strategies as st
 
 from conformance.lockstep.workload import WorkloadConfig
 from spec.attention import PLAIN, VARIANTS, AttentionVariant, alibi_slopes
-from spec.backend import Capabilities, KVGeometry
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 from spec.quant import FP8_FORMATS
 
 WINDOWS = (3, 1, 8, 16, 5)

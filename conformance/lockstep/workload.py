@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from conformance.judges.dtypes import F64, round_to
 from spec.attention import PLAIN, AttentionVariant
-from spec.backend import KVGeometry
+from spec.kv_geometry import KVGeometry
 from spec.kv_groups import FULL_ATTENTION, KVCacheGroup, sliding_window
 
 POOL_BLOCKS = {1: 40, 3: 16, 4: 14, 16: 6}

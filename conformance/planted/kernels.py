@@ -37,9 +37,10 @@ import triton.language as tl
 from backend_gpu.triton_backend import TritonBackend
 from conformance.bounds.checker import BoundsChecker
 from spec.attention import AttentionVariant
-from spec.backend import Capabilities, FloatArray
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
 from spec.block_manager import cdiv
+from spec.capabilities import Capabilities
 from spec.errors import InvalidRequestError
 
 EXACT, FLOOR_PLUS_ONE, WHOLE_TILE = 0, 1, 2  # how _paged_sum counts a row's table entries

@@ -23,7 +23,7 @@ from conformance.bounds.checker import CONTRACT
 from conformance.reports import replay
 from conformance.reports.replay import portable_ref
 from conformance.run.runner import PROFILES, RunResult
-from spec.backend import Capabilities
+from spec.capabilities import Capabilities
 
 
 def replay_script(result: RunResult) -> str:

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from spec.backend import Capabilities
 from spec.batch import BatchMetadata, GroupLayout
+from spec.capabilities import Capabilities
 
 
 def attention_calls(

@@ -28,7 +28,8 @@ from typing import Any
 
 from conformance.errors import SetupError
 from conformance.judges.device_contract import setup_problem
-from spec.backend import Backend, Capabilities
+from spec.backend import Backend
+from spec.capabilities import Capabilities
 
 ENTRY_POINT_GROUP = "paged_spec.backends"
 ENV_VAR = "PAGED_SPEC_BACKEND"

@@ -45,7 +45,7 @@ from conformance.run.protocol import decode
 from conformance.run.runner import RunResult
 from conformance.run.watchdog import Call
 from conformance.run.worker import REQUEST_VAR
-from spec.backend import Capabilities
+from spec.capabilities import Capabilities
 
 _POLL_S = 0.1
 _BATCH_S = 0.01

@@ -24,7 +24,7 @@ So the parent always holds the workload so far, the call in flight and the
 coverage so far, and can report a crash or a hang without the child's help.
 Objects (``result``, ``stats``) travel as base64 pickles of this project's
 classes only: capabilities are rebuilt as a plain
-:class:`~spec.backend.Capabilities` without the ``excludes`` hook, so the parent
+:class:`~spec.capabilities.Capabilities` without the ``excludes`` hook, so the parent
 never imports the backend's code.
 
 >>> from conformance.lockstep.machine import RunStats
@@ -42,7 +42,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import fields, replace
 from typing import Any
 
-from spec.backend import Capabilities
+from spec.capabilities import Capabilities
 
 _OBJECTS = ("result", "stats")
 """Message fields that carry Python objects rather than JSON values."""

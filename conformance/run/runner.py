@@ -49,7 +49,8 @@ from conformance.run.control import RunControl
 from conformance.run.database import open_database
 from conformance.run.shard import Shard
 from conformance.run.watchdog import CallTimeout, RunWatch, Sink, watching
-from spec.backend import Backend, Capabilities
+from spec.backend import Backend
+from spec.capabilities import Capabilities
 
 DATABASE_DIR = Path(".hypothesis") / "conformance"
 _PHASES = [p for p in Phase if p is not Phase.explain]  # explaining costs runs; unused here

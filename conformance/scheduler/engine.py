@@ -1,21 +1,16 @@
-"""The engine loop of the scheduler suite: execute each step on a paged cache, sample, report.
+"""The scheduler suite's executor: each decision run through the engine loop, then compared alone.
 
 An :class:`EngineExecutor` plugs into :func:`conformance.scheduler.invariants.run_checked`:
-every step the scheduler decides, the executor runs that decision on the
-spec's :class:`~spec.backend.ReferenceBackend` with the tiny model of
-:mod:`conformance.scheduler.model`, in the order
-:class:`spec.scheduler.SchedulerOutput` prescribes:
-
-1. swap-outs: read the victims' device blocks into a host store
-   (``read_cache``), before anything this step can overwrite them;
-2. copy-on-write copies (``copy_blocks``);
-3. swap-ins: write the host KV back through the new slots (``write_kv``);
-4. the forward pass (``write_kv`` then ``attention``, layer by layer);
-5. one token per :class:`spec.scheduler.SampleSlot`, from the logits of the
-   last token of its row.
+every step the scheduler under test decides, the engine's
+:class:`~paged_spec.engine.loop.StepExecutor` runs that decision on the
+spec's :class:`~spec.backend.ReferenceBackend` with the tiny model
+(:data:`paged_spec.engine.tiny_model.SMALL`), in the order
+:class:`spec.scheduler.SchedulerOutput` prescribes: swap-outs, copy-on-write
+copies, swap-ins, the forward pass, one token per
+:class:`spec.scheduler.SampleSlot`.
 
 At the end the checker compares every sample with the same model run alone
-(:func:`~conformance.scheduler.model.generate_alone`): token-exact equivalence.
+(:func:`~paged_spec.engine.tiny_model.generate_alone`): token-exact equivalence.
 
 A scheduler that cannot drive a real engine (one that only costs batches for a
 simulator, say) says so with a class attribute ``engine_loop_unsupported =
@@ -27,16 +22,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from conformance.scheduler.model import F64, MODEL, generate_alone, sample
+from paged_spec.engine.loop import StepExecutor
+from paged_spec.engine.tiny_model import SMALL, TinyModel, generate_alone
 from spec.backend import ReferenceBackend
 from spec.request import Request
 from spec.scheduler import Scheduler, SchedulerOutput
-from spec.swap import SwapIn, SwapOut
 
 EQUIVALENCE = "token-exact equivalence"
 """The rule an engine run checks at the end (and the name its report uses)."""
+
+MODEL = TinyModel(SMALL)
+"""The one model every check uses (its weights are fixed by its seed)."""
 
 
 def engine_unsupported(scheduler: Scheduler) -> str | None:
@@ -47,7 +43,7 @@ def engine_unsupported(scheduler: Scheduler) -> str | None:
 
 @dataclass
 class EngineExecutor:
-    """Runs each step on a paged cache with the tiny model; see the module docstring."""
+    """Runs each step through the engine loop with the tiny model; see the module docstring."""
 
     scheduler: Scheduler
     requests: Mapping[int, Request]
@@ -55,71 +51,10 @@ class EngineExecutor:
     backend: ReferenceBackend = field(default_factory=ReferenceBackend)
 
     def __post_init__(self) -> None:
-        cfg = self.scheduler.config
-        geometry = MODEL.geometry(cfg.num_blocks, cfg.block_size)
-        self.backend.create_cache(geometry)
-        shape = (cfg.num_host_blocks, MODEL.num_layers, 2, cfg.block_size)
-        self.host: F64 = np.zeros((*shape, MODEL.num_kv_heads, MODEL.head_dim))
+        self.steps = StepExecutor(MODEL, self.backend, self.scheduler.config)
 
     def execute(self, out: SchedulerOutput) -> dict[int, int]:
-        self._swap_out(out.swap_out)
-        if out.batch.copies:
-            self.backend.copy_blocks(out.batch.copies)
-        self._swap_in(out.swap_in)
-        if not out.batch.num_tokens:
-            return {}
-        hidden = MODEL.forward_paged(out.token_ids, out.batch, self.backend)
-        rows = [out.batch.query_start_loc[s.row + 1] - 1 for s in out.samples]
-        logits = MODEL.logits(hidden[rows])
-        return {
-            s.seq_id: sample(logits[i], self.requests[s.request_id], s.sample_index, s.position)
-            for i, s in enumerate(out.samples)
-        }
+        return self.steps.execute(out, self.requests)
 
     def alone(self, request: Request) -> tuple[tuple[int, ...], ...]:
-        return tuple(generate_alone(request, i) for i in range(request.n))
-
-    # -- swapping through the contract -------------------------------------------------
-
-    def _host_blocks(self, seq_id: int, blocks: tuple[int, ...]) -> None:
-        bad = [h for h in blocks if not 0 <= h < self.host.shape[0]]
-        if bad:
-            raise ValueError(
-                f"sequence {seq_id}: host blocks {bad} outside the host pool of "
-                f"{self.host.shape[0]}"
-            )
-
-    def _swap_out(self, swaps: tuple[SwapOut, ...]) -> None:
-        num_blocks = self.scheduler.config.num_blocks
-        for s in swaps:
-            self._host_blocks(s.seq_id, s.host_blocks)
-            bad = [d for d in s.device_blocks if not 0 <= d < num_blocks]
-            if bad:
-                raise ValueError(f"swap-out of sequence {s.seq_id}: no device blocks {bad}")
-            if len(s.device_blocks) != len(s.host_blocks):
-                raise ValueError(
-                    f"swap-out of sequence {s.seq_id}: {len(s.device_blocks)} device blocks "
-                    f"to {len(s.host_blocks)} host blocks"
-                )
-        for layer in range(MODEL.num_layers) if swaps else ():
-            k, v = self.backend.read_cache(layer)
-            for s in swaps:
-                for dev, host in zip(s.device_blocks, s.host_blocks, strict=True):
-                    self.host[host, layer, 0] = k[dev]
-                    self.host[host, layer, 1] = v[dev]
-
-    def _swap_in(self, swaps: tuple[SwapIn, ...]) -> None:
-        b = self.scheduler.config.block_size
-        for s in swaps:
-            self._host_blocks(s.seq_id, s.host_blocks)
-            if len(s.slots) > len(s.host_blocks) * b:
-                raise ValueError(
-                    f"swap-in of sequence {s.seq_id}: {len(s.slots)} slots from "
-                    f"{len(s.host_blocks)} host blocks of {b}"
-                )
-            pos = np.arange(len(s.slots))
-            hosts = np.asarray(s.host_blocks, dtype=np.int64)[pos // b]
-            for layer in range(MODEL.num_layers):
-                k = self.host[hosts, layer, 0, pos % b]
-                v = self.host[hosts, layer, 1, pos % b]
-                self.backend.write_kv(layer, k, v, s.slots)
+        return tuple(generate_alone(MODEL, request, i) for i in range(request.n))

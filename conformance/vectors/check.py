@@ -13,7 +13,7 @@ wrong cache is the usual root cause of a wrong output). The first difference
 raises :class:`~conformance.lockstep.driver.ConformanceFailure` with the vector and
 operation named.
 
-A vector the backend's :class:`~spec.backend.Capabilities` do not cover (its
+A vector the backend's :class:`~spec.capabilities.Capabilities` do not cover (its
 geometry, a layer's variant, a large pool without ``read_blocks``) is
 skipped, with the reason; see :func:`unsupported`. Attention is split into
 the calls the backend accepts, as the lockstep splits it; a sequence whose
@@ -60,9 +60,11 @@ from conformance.vectors.format import (
 from conformance.vectors.safe import confined
 from conformance.vectors.validate import check_values
 from spec.attention import AttentionVariant
-from spec.backend import Backend, Capabilities, KVGeometry
+from spec.backend import Backend
 from spec.batch import BatchMetadata, GroupLayout
+from spec.capabilities import Capabilities
 from spec.errors import SpecError
+from spec.kv_geometry import KVGeometry
 
 _T = TypeVar("_T")
 F64 = NDArray[np.float64]

@@ -45,9 +45,11 @@ from conformance.vectors.format import (
     tolerance,
     write_manifest,
 )
-from spec.attention import AttentionVariant, paged_attention
-from spec.backend import FloatArray, KVGeometry, ReferenceBackend
+from spec.attention import AttentionVariant
+from spec.attention_batched import paged_attention_batched
+from spec.backend import FloatArray, ReferenceBackend
 from spec.batch import BatchMetadata
+from spec.kv_geometry import KVGeometry
 
 
 @dataclass
@@ -156,7 +158,7 @@ class _Recorder(ReferenceBackend):
         group = g.group_of(layer)
         precision = same_precision(g.dtype, g.kv_dtype is not None)
         q64 = np.asarray(query, dtype=np.float64)
-        same = paged_attention(
+        same = paged_attention_batched(
             q64, batch, self._mem(), layer, scale, variant=variant, group=group, precision=precision
         )
         write = ex.pending_write.get(layer)

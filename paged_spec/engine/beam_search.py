@@ -21,7 +21,7 @@ first fork shares the prompt's 2 blocks (2 held where clones take 8); the
 first write copies the shared partial block for all but the last writer:
 
 >>> from spec.backend import ReferenceBackend
->>> from paged_spec.engine.tiny_model import TinyModel
+>>> from paged_spec.engine.tiny_model import F64, TinyModel
 >>> model = TinyModel()
 >>> beams, steps = paged_beam_search(model, ReferenceBackend(), tuple(range(20)), 4, 3)
 >>> first = steps[0]
@@ -37,10 +37,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
-from paged_spec.engine.tiny_model import TinyModel
-from spec.backend import Backend, KVGeometry
+from paged_spec.engine.tiny_model import F64, TinyModel
+from spec.backend import Backend
 from spec.cache_manager import CacheManager
 from spec.errors import ArgumentValueError, OutOfBlocksError
 from spec.validate import check_positive, check_token_ids
@@ -75,25 +75,26 @@ class BeamStep:
     clones: int
 
 
-def select(
-    beams: Sequence[Beam], logprobs: Sequence[torch.Tensor], width: int
-) -> list[tuple[int, Beam]]:
+def select(beams: Sequence[Beam], logprobs: Sequence[F64], width: int) -> list[tuple[int, Beam]]:
     """The ``width`` best ``(parent index, beam)`` continuations, best first.
 
     Each beam proposes its ``width`` most likely tokens (no more can survive
-    from one beam); ties on the score go to the smaller token sequence.
+    from one beam; among equally likely ones the smaller tokens); ties on the
+    score go to the smaller token sequence.
     """
     candidates = []
     for i, (beam, lp) in enumerate(zip(beams, logprobs, strict=True)):
-        values, tokens = torch.topk(lp, min(width, lp.shape[-1]))
-        for value, token in zip(values.tolist(), tokens.tolist(), strict=True):
-            candidates.append((i, Beam((*beam.tokens, int(token)), beam.score + float(value))))
+        for token in np.argsort(-lp, kind="stable")[:width].tolist():
+            candidates.append((i, Beam((*beam.tokens, token), beam.score + float(lp[token]))))
     candidates.sort(key=lambda c: (-c[1].score, c[1].tokens))
     return candidates[:width]
 
 
-def _logprobs(model: TinyModel, hidden: torch.Tensor) -> list[torch.Tensor]:
-    return list(torch.log_softmax(model.logits(hidden).double(), dim=-1))
+def _logprobs(model: TinyModel, hidden: F64) -> list[F64]:
+    """Each row's log softmax over the vocabulary."""
+    logits = model.logits(hidden)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return list(shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))
 
 
 def contiguous_beam_search(
@@ -103,8 +104,8 @@ def contiguous_beam_search(
     prompt, width, steps = _checked(prompt, width, steps)
     beams = [Beam((), 0.0)]
     for _ in range(steps):
-        hidden = [model.forward_contiguous(list(prompt + b.tokens))[-1:] for b in beams]
-        beams = [b for _, b in select(beams, _logprobs(model, torch.cat(hidden)), width)]
+        hidden = [model.extend([], prompt + b.tokens)[0][-1:] for b in beams]
+        beams = [b for _, b in select(beams, _logprobs(model, np.concatenate(hidden)), width)]
     return beams
 
 
@@ -125,10 +126,7 @@ def paged_beam_search(
     hold no KV. Raises :class:`OutOfBlocksError` if the pool cannot hold the beams.
     """
     prompt, width, steps = _checked(prompt, width, steps)
-    cfg = model.config
-    backend.create_cache(
-        KVGeometry(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    )
+    backend.create_cache(model.geometry(num_blocks, block_size))
     cache = CacheManager(num_blocks, block_size)
     if not cache.can_admit(prompt, len(prompt)):
         raise OutOfBlocksError(f"beam search: the prompt needs more than {num_blocks} blocks")
@@ -180,7 +178,7 @@ def _run(
     backend: Backend,
     cache: CacheManager,
     rows: Sequence[tuple[int, tuple[int, ...]]],
-) -> tuple[torch.Tensor, int]:
+) -> tuple[F64, int]:
     """Lay out one step, execute its copies and forward pass: the rows' last hidden states,
     and how many copy-on-write copies the step made."""
     batch = cache.layout([(seq, len(tokens)) for seq, tokens in rows])

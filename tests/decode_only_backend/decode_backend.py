@@ -20,8 +20,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spec.backend import Capabilities, FloatArray, KVGeometry
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 CHUNK = 16
 """Keys per split: each chunk's softmax is computed alone, then the chunks are merged."""

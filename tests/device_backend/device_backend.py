@@ -24,8 +24,9 @@ from collections.abc import Sequence
 
 import torch
 
-from spec.backend import Capabilities, KVGeometry
 from spec.batch import BatchArrays, BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spec.backend import Capabilities, FloatArray, KVGeometry
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 
 class MyBackend:

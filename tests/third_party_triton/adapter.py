@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from spec.attention import AttentionVariant
-from spec.backend import Capabilities, FloatArray, KVGeometry
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
+from spec.capabilities import Capabilities
+from spec.kv_geometry import KVGeometry
 
 sys.path.insert(0, str(Path(__file__).parent))  # stands in for `pip install` of theirs
 from their_kernels import MAX_HEAD_DIM, paged_decode, store_kv

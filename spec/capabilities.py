@@ -1,0 +1,170 @@
+"""What a backend declares it can run: the envelope the conformance suite draws within.
+
+What a backend can run is declared, not discovered: its :class:`Capabilities`
+(:attr:`spec.backend.Backend.capabilities`). The conformance suite draws only
+what is declared and lists the rest as skipped; it asks
+:meth:`Capabilities.unsupported` of a geometry, and
+:meth:`Capabilities.batch_unsupported` of each batch, before calling the
+backend with it. Everything new in a contract revision is off by default, so
+a backend written against an earlier revision keeps working unchanged.
+
+>>> from spec.kv_geometry import KVGeometry
+>>> caps = Capabilities("mine", dtypes={"float16"}, head_dims={64, 128})
+>>> caps.unsupported(KVGeometry(1, 8, 16, num_kv_heads=2, head_dim=96), num_heads=4)
+['dtype float32', 'head dim 96']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, fields
+
+from spec.attention import VARIANTS, AttentionVariant
+from spec.batch import BatchMetadata
+from spec.errors import ArgumentTypeError, ArgumentValueError
+from spec.kv_geometry import DTYPES, KV_DTYPES, KVGeometry
+from spec.validate import check_bool, check_choice, check_positive
+
+TENSOR_KINDS = ("numpy", "torch")
+"""How arrays cross the boundary: numpy on the host (the default), or torch tensors on the
+backend's device (the device-resident contract: see :class:`spec.backend.Backend`)."""
+
+
+Excludes = Callable[[KVGeometry, int, AttentionVariant | None], str | None]
+"""A backend's own rule for combinations it cannot run: geometry, query heads and a layer's
+variant in, the reason out (``None`` when it can run them)."""
+
+
+def _names(label: str, values: Iterable[str], known: Sequence[str]) -> frozenset[str]:
+    out = frozenset(values)
+    unknown = sorted(out - set(known))
+    if unknown:
+        raise ArgumentValueError(f"capabilities.{label}: unknown {unknown}; known: {list(known)}")
+    return out
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend supports. The conformance suite skips, and reports, the rest.
+
+    ``None`` for a set or a limit means "any value". Sets are stored as frozensets.
+
+    * Numbers: ``dtypes`` (activation dtypes), ``kv_dtypes`` (quantized caches).
+    * Shapes: ``block_sizes``, ``head_dims``, ``num_kv_heads``, ``gqa_ratios``
+      (query heads per KV head), ``max_gqa_ratio``.
+    * Batches: ``max_num_seqs`` per call; ``max_query_len`` (1 for a
+      decode-only kernel); ``max_context_len`` (``seq_len``); ``decode``
+      (one new token after cached context); ``chunked_prefill`` (several new
+      tokens after cached context); ``mixed_batches`` (single- and multi-token
+      queries in one call).
+    * Memory: ``copy_on_write`` (fork rules), ``prefix_caching`` (prefix hits),
+      ``kv_groups`` (layers in several KV cache groups, one table each).
+    * Attention: ``variants``, a subset of :data:`spec.attention.VARIANTS`.
+    * ``tensors``: ``"numpy"`` (the default contract) or ``"torch"``.
+    * ``excludes``: the backend's own veto for combinations the fields above
+      cannot say (a head dim only in some dtypes, say).
+    """
+
+    name: str  # how reports name the backend
+    device: str = "cpu"  # where its arrays live ("cpu", "cuda", ...)
+    dtypes: AbstractSet[str] = frozenset(DTYPES)  # activation dtypes it runs
+    kv_dtypes: AbstractSet[str] = frozenset()  # quantized KV dtypes it stores (empty: none)
+    block_sizes: AbstractSet[int] | None = None  # None: any
+    head_dims: AbstractSet[int] | None = None  # None: any
+    num_kv_heads: AbstractSet[int] | None = None  # None: any
+    gqa_ratios: AbstractSet[int] | None = None  # query heads per KV head; None: any
+    max_gqa_ratio: int | None = None  # None: no limit
+    max_num_seqs: int | None = None  # sequences in one call; None: no limit
+    max_query_len: int | None = None  # new tokens of one sequence; 1: decode-only
+    max_context_len: int | None = None  # ``seq_len`` of one sequence; None: no limit
+    decode: bool = True  # one new token after cached context
+    chunked_prefill: bool = True  # several new tokens after cached context
+    mixed_batches: bool = True  # single- and multi-token queries in one call
+    copy_on_write: bool = True  # the fork rules: shared blocks, the step's copies
+    prefix_caching: bool = True  # sequences that start on prefix-cache hits
+    kv_groups: bool = False  # layers in several KV cache groups, one table each
+    variants: AbstractSet[str] = frozenset()  # of spec.attention.VARIANTS
+    tensors: str = "numpy"  # "numpy" (the default contract) or "torch"
+    excludes: Excludes | None = field(default=None, compare=False, repr=False)  # its own veto
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ArgumentTypeError(f"capabilities.name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.device, str):
+            raise ArgumentTypeError(f"capabilities.device must be a str, got {self.device!r}")
+        put = object.__setattr__  # frozen: normalise in place, once
+        put(self, "dtypes", _names("dtypes", self.dtypes, DTYPES))
+        put(self, "kv_dtypes", _names("kv_dtypes", self.kv_dtypes, KV_DTYPES))
+        put(self, "variants", _names("variants", self.variants, VARIANTS))
+        for name in ("block_sizes", "head_dims", "num_kv_heads", "gqa_ratios"):
+            values = getattr(self, name)
+            if values is not None:
+                put(
+                    self, name, frozenset(check_positive(f"capabilities.{name}", v) for v in values)
+                )
+        for name in ("max_gqa_ratio", "max_num_seqs", "max_query_len", "max_context_len"):
+            if getattr(self, name) is not None:
+                check_positive(f"capabilities.{name}", getattr(self, name))
+        for f in fields(self):
+            if f.type == "bool":
+                check_bool(f"capabilities.{f.name}", getattr(self, f.name))
+        check_choice("capabilities.tensors", self.tensors, TENSOR_KINDS)
+        if self.excludes is not None and not callable(self.excludes):
+            raise ArgumentTypeError("capabilities.excludes must be callable or None")
+
+    def unsupported(
+        self, geometry: KVGeometry, num_heads: int, variant: AttentionVariant | None = None
+    ) -> list[str]:
+        """Why this backend cannot run ``geometry`` with ``num_heads`` query heads; [] if it can."""
+        g = geometry
+        ratio = num_heads // g.num_kv_heads
+        checks = [
+            (g.dtype in self.dtypes, f"dtype {g.dtype}"),
+            (g.kv_dtype is None or g.kv_dtype in self.kv_dtypes, f"KV dtype {g.kv_dtype}"),
+            (_allows(self.block_sizes, g.block_size), f"block size {g.block_size}"),
+            (_allows(self.head_dims, g.head_dim), f"head dim {g.head_dim}"),
+            (_allows(self.num_kv_heads, g.num_kv_heads), f"{g.num_kv_heads} KV heads"),
+            (_allows(self.gqa_ratios, ratio), f"GQA ratio {ratio}"),
+            (self.max_gqa_ratio is None or ratio <= self.max_gqa_ratio, f"GQA ratio {ratio}"),
+            (g.num_groups == 1 or self.kv_groups, f"{g.num_groups} KV cache groups"),
+        ]
+        if variant is not None:
+            for name in sorted(variant.features - self.variants):
+                checks.append((False, f"attention variant {name}"))
+        reasons = list(dict.fromkeys(why for ok, why in checks if not ok))
+        if not reasons and self.excludes is not None:
+            veto = self.excludes(geometry, num_heads, variant)
+            if veto:
+                reasons.append(str(veto))
+        return reasons
+
+    def query_unsupported(self, query_len: int, context_len: int) -> str | None:
+        """Why one sequence's query (``query_len`` new tokens after ``context_len``) cannot run."""
+        if self.max_query_len is not None and query_len > self.max_query_len:
+            return f"a query of {query_len} tokens (max_query_len {self.max_query_len})"
+        seq_len = query_len + context_len
+        if self.max_context_len is not None and seq_len > self.max_context_len:
+            return f"a context of {seq_len} tokens (max_context_len {self.max_context_len})"
+        if context_len and query_len == 1 and not self.decode:
+            return "a decode (decode is False)"
+        if context_len and query_len > 1 and not self.chunked_prefill:
+            return "a prefill chunk after cached context (chunked_prefill is False)"
+        return None
+
+    def batch_unsupported(self, batch: BatchMetadata) -> str | None:
+        """Why this backend cannot run ``batch`` in one call; ``None`` when it can."""
+        if self.max_num_seqs is not None and batch.num_seqs > self.max_num_seqs:
+            return f"{batch.num_seqs} sequences in one call (max_num_seqs {self.max_num_seqs})"
+        lens = [batch.query_len(i) for i in range(batch.num_seqs)]
+        if not self.mixed_batches and lens and min(lens) == 1 < max(lens):
+            return "single- and multi-token queries in one call (mixed_batches is False)"
+        for i, n in enumerate(lens):
+            why = self.query_unsupported(n, batch.seq_lens[i] - n)
+            if why:
+                return why
+        return None
+
+
+def _allows(declared: AbstractSet[int] | None, value: int) -> bool:
+    return declared is None or value in declared
