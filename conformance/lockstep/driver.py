@@ -80,6 +80,7 @@ from conformance.judges.device_contract import (
 )
 from conformance.judges.dtypes import F64, round_to
 from conformance.judges.guard import BackendFault, CallGuard
+from conformance.judges.hypotheses import case_for, diagnose
 from conformance.judges.numerics import (
     LARGE_LOGITS,
     USUAL_SCALE,
@@ -408,13 +409,40 @@ class Lockstep:
             scale = ulp_scale(exact, dtype)
             errors = output_errors(exact, same, actual, dtype, self._regime, path, scale)
             self.margins.note_step(errors)
-            diff = first_output_difference(self.step_index, layer, exact, actual, errors, rows)
+            diff = first_output_difference(
+                self.step_index, layer, exact, actual, errors, rows, self._poison_name
+            )
             if diff is not None:
+                diff = replace(
+                    diff, diagnosis=self._diagnose(batch, attended, layer, exact, actual)
+                )
                 raise ConformanceFailure(self._named(diff, layer), self.log)
             self._example.add(exact, actual, same, scale[0])
             self.checks["attention outputs judged against the same-precision reference"] += len(
                 rows
             )
+
+    def _diagnose(
+        self, batch: BatchMetadata, attended: list[int], layer: int, exact: F64, actual: F64
+    ) -> str | None:
+        """The named mistake (:mod:`conformance.judges.hypotheses`) that reproduces ``actual``."""
+        c = self.config
+        query = queries(c, self.step_index, layer, batch.num_tokens)[token_rows(batch, attended)]
+        case = case_for(
+            query,
+            sub_batch(batch, attended),
+            self.memory,
+            layer,
+            c.geometry.group_of(layer),
+            c.scale,
+            c.variant(layer),
+        )
+        return diagnose(case, exact, actual)
+
+    @property
+    def _poison_name(self) -> str | None:
+        """What slots no live token owns hold in this example (``None``: finite values)."""
+        return None
 
     # -- internals ----------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from conformance.lockstep.groups import group_label
 from conformance.lockstep.plan import Plan
 from conformance.lockstep.variants import label
 from conformance.lockstep.workload import WorkloadConfig
+from spec.attention import VARIANTS
 from spec.backend import Backend
 
 VOCAB = 64
@@ -77,6 +78,7 @@ class RunStats:
     checks: Counter[str] = field(default_factory=Counter)
     configs: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)  # attention the backend cannot run
+    drawn: Counter[str] = field(default_factory=Counter)  # examples per variant, dtype, KV dtype
     coverage: Coverage = field(default_factory=Coverage)
     margins: Margins = field(default_factory=Margins)  # how close the outputs came to failing
     longest: int = 0  # the most tokens any sequence held when a step ran
@@ -169,6 +171,7 @@ class LockstepMachine(RuleBasedStateMachine):
     def start(self, data: st.DataObject) -> None:
         config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
         self.stats.configs[_shape(config, self.plan.kind)] += 1
+        self.stats.drawn.update(drawn_names(config))
         try:
             self.lockstep = Lockstep(
                 self.backend,
@@ -584,6 +587,19 @@ class LockstepMachine(RuleBasedStateMachine):
             self._count(kind if len(new) > 1 else f"{kind} (1 token)")
         else:
             self._count("decode")
+
+
+def drawn_names(config: WorkloadConfig) -> set[str]:
+    """What an example drew, as the report counts it: its dtype, KV dtype and layers' variants
+    (combined ones by their joined names, "alibi+sinks" say)."""
+    g = config.geometry
+    names = {g.dtype, g.kv_dtype or f"KV {g.dtype}"}
+    for layer in range(g.num_layers):
+        features = [n for n in VARIANTS if n in config.variant(layer).features]
+        names.update(features)
+        if len(features) > 1:
+            names.add("+".join(features))
+    return names
 
 
 def _shape(config: WorkloadConfig, kind: str) -> str:

@@ -20,6 +20,7 @@ from conformance.lockstep.numpy_backend import F32, Ints, NumpyPagedBackend
 from conformance.planted.groups import PLANTED_GROUPS
 from conformance.planted.variants import (
     AlibiSignFlipped,
+    CausalOffByOne,
     Fp8NoSaturation,
     Fp8ScaleIgnored,
     Fp8ScaleTwice,
@@ -284,6 +285,7 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "fp8 KV scale applied twice": Fp8ScaleTwice,
     "fp8 KV scale not applied": Fp8ScaleIgnored,
     "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
+    "causal mask off by one (a prefill query sees the next token)": CausalOffByOne,
     **PLANTED_GROUPS,
 }
 """Each planted bug, by the bug class it stands for."""

@@ -88,3 +88,11 @@ class Fp8NoSaturation(NumpyPagedBackend):
 
     def _saturate(self, x: F32, kv_dtype: str) -> F32:
         return x
+
+
+class CausalOffByOne(NumpyPagedBackend):
+    """The causal mask keeps ``k <= p + 1``: a prefill query sees the next token too."""
+
+    def _visible(self, positions: Ints, num_keys: int, seq_len: int) -> NDArray[np.bool_]:
+        mask: NDArray[np.bool_] = np.arange(num_keys)[None, :] <= positions[:, None] + 1
+        return mask
