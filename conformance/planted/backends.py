@@ -19,11 +19,14 @@ from conformance.judges.dtypes import round_to
 from conformance.lockstep.numpy_backend import F32, Ints, NumpyPagedBackend
 from conformance.planted.groups import PLANTED_GROUPS
 from conformance.planted.variants import (
+    AlibiFromKeyZero,
     AlibiSignFlipped,
     CausalOffByOne,
     Fp8NoSaturation,
     Fp8ScaleIgnored,
     Fp8ScaleTwice,
+    KVScalesSwapped,
+    QuantizesByReciprocal,
     SinkNotInDenominator,
     SoftcapAfterExp,
     SoftcapUnscaled,
@@ -286,6 +289,9 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "fp8 KV scale not applied": Fp8ScaleIgnored,
     "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
     "causal mask off by one (a prefill query sees the next token)": CausalOffByOne,
+    "fp8 K and V scales swapped in attention": KVScalesSwapped,
+    "fp8 KV write multiplies by the reciprocal of the scale": QuantizesByReciprocal,
+    "ALiBi measured from key 0 (only a sink shows it)": AlibiFromKeyZero,
     **PLANTED_GROUPS,
 }
 """Each planted bug, by the bug class it stands for."""
