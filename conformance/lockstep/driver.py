@@ -99,7 +99,9 @@ from conformance.lockstep.workload import (
     background,
     guard_background,
     large_logits,
+    POISONS,
     padding_rows,
+    poison_rows,
     queries,
 )
 from conformance.run.calls import attention_calls, sub_batch, token_rows
@@ -107,6 +109,7 @@ from spec.attention import paged_attention
 from spec.backend import Backend, Capabilities, KVGeometry
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
+from spec.block_pool import BlockPool
 from spec.errors import OutOfBlocksError
 from spec.kv_memory import KVMemory
 from spec.quant import dequantize, quantize
@@ -249,6 +252,7 @@ class Lockstep:
                 return []
             self.step_index += 1
             batch = self._layout(ran)
+            self.poison_unowned()
             self._call("copy_blocks", self.backend.copy_blocks, self._shift_copies(batch.copies))
             self.memory.copy_blocks(batch.copies)
             calls = self._attention_calls(batch)
@@ -442,7 +446,48 @@ class Lockstep:
     @property
     def _poison_name(self) -> str | None:
         """What slots no live token owns hold in this example (``None``: finite values)."""
-        return None
+        return self.config.poison
+
+    def poison_unowned(self, everywhere: bool = False) -> None:
+        """Fill every slot no live token owns with the example's poison, on both sides.
+
+        Free blocks, the tails of partial blocks, blocks a window released and
+        evicted blocks handed to a new owner; not a free block the prefix cache
+        still holds (a later prompt may hit it). Written through ``write_kv``, as
+        any KV is, only where a slot does not hold poison already (``everywhere``:
+        in every slot, as priming does). Nothing when the example is not poisoned.
+        """
+        c = self.config
+        if c.poison is None:
+            return
+        g = c.geometry
+        b = g.block_size
+        for group in range(g.num_groups):
+            owned = self._owners(group)
+            pool = self._pool(group)
+            layers = [x for x in range(g.num_layers) if g.group_of(x) == group]
+            k, _ = self.memory.read_blocks(layers[0], list(range(g.num_blocks)))
+            flat = k.reshape(g.num_blocks * b, -1)
+            poisoned = (np.isnan(flat) if c.poison == "NaN" else flat == POISONS[c.poison]).all(1)
+            poisoned &= not everywhere
+            slots = [
+                s
+                for s in range(g.num_blocks * b)
+                if s not in owned
+                and not poisoned[s]
+                and not (pool.ref_count(s // b) == 0 and pool.block_hash(s // b) is not None)
+            ]
+            if not slots:
+                continue
+            rows = poison_rows(c, len(slots))
+            for layer in layers:
+                self._write_kv(layer, rows, rows, self._shift_slots(slots))
+                self.memory.write(layer, rows, rows, slots)
+            self.checks["slots no live token owns poisoned"] += len(slots) * len(layers)
+
+    def _pool(self, group: int) -> BlockPool:
+        manager = self.manager if self.groups is None else self.groups.managers[group]
+        return manager.pool
 
     # -- internals ----------------------------------------------------------------
 
@@ -460,7 +505,13 @@ class Lockstep:
         return [(self.base - 1, 0), (self.base + self.config.geometry.num_blocks, 1)]
 
     def _prime(self) -> None:
-        """Fill every slot with known values first, so that any stray write is visible."""
+        """Fill every slot with known values first, so that any stray write is visible (poison,
+        in a poisoned example)."""
+        if self.config.poison is not None:
+            self._prime_guards()
+            self.poison_unowned(everywhere=True)
+            self._check_kv(None, None)
+            return
         g = self.config.geometry
         b = g.block_size
         slots = list(range(g.num_blocks * b))
@@ -477,6 +528,18 @@ class Lockstep:
             self.memory.write(layer, k, v, slots)
         self._note_offset(max(self._shift_slots(slots) + guard_slots))
         self._check_kv(None, None)
+
+    def _prime_guards(self) -> None:
+        """A poisoned example's guard blocks: primed with their known values all the same."""
+        g = self.config.geometry
+        b = g.block_size
+        guard_slots = [s for blk, _ in self._guards for s in range(blk * b, (blk + 1) * b)]
+        if not guard_slots:
+            return
+        for layer in range(g.num_layers):
+            gk, gv = guard_background(self.config, layer, len(guard_slots))
+            self._write_kv(layer, gk, gv, guard_slots)
+        self._note_offset(max(guard_slots))
 
     def _append(self, seq_id: int, tokens: Sequence[int]) -> bool:
         if self.groups is not None:

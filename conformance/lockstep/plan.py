@@ -198,6 +198,9 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
     spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
     variants = draw(layer_variants(plan.capabilities, layers, num_heads, plan.long_context, spread))
+    poison = draw(st.sampled_from(_POISON_DRAWS))
+    if kv_dtype is not None and poison is not None:
+        poison = "NaN"  # an fp8 write saturates infinities to the largest finite value
     windows: tuple[int | None, ...] = ()
     if layout is not None:
         geometry = replace(geometry, layer_groups=layout.layer_groups)
@@ -212,7 +215,12 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
         variants=() if all(v.is_plain for v in variants) else variants,
         block_base=large_pool_base(geometry) if plan.kind == "large pool" else 0,
         group_windows=windows,
+        poison=poison,
     )
+
+
+_POISON_DRAWS = (None, "NaN", "+inf", None, "-inf")
+"""What slots no live token owns hold: finite values in two examples of five (shrinking there)."""
 
 
 def _pool_blocks(plan: Plan, block_size: int) -> int:

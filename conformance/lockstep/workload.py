@@ -74,6 +74,19 @@ def tie_values(kv_dtype: str, scale: float) -> tuple[float, ...]:
     return tuple(m * 2**e * scale for m in TIES[kv_dtype] for e in range(3))
 
 
+POISONS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf}
+"""What a poisoned example fills every slot no live token owns with (see
+:meth:`~conformance.lockstep.driver.Lockstep.poison_unowned`): a kernel that reads such a
+slot, even to multiply it by a zero weight, gets a non-finite output."""
+
+
+def poison_rows(config: WorkloadConfig, count: int) -> F64:
+    """``count`` rows ``[count, H_kv, D]`` of the example's poison value."""
+    g = config.geometry
+    assert config.poison is not None
+    return np.full((count, g.num_kv_heads, g.head_dim), POISONS[config.poison])
+
+
 _Q, _BACKGROUND, _PAD, _GUARD = 1, 2, 3, 4  # stream tags: no two uses share a random stream
 
 
@@ -90,6 +103,7 @@ class WorkloadConfig:
     variants: tuple[AttentionVariant, ...] = ()  # per layer; () means plain attention everywhere
     block_base: int = 0  # the backend sees spec block b as block_base + b (a large pool)
     group_windows: tuple[int | None, ...] = ()  # per KV cache group: None full, w a window
+    poison: str | None = None  # what slots no live token owns hold: None (finite), or POISONS
 
     def __post_init__(self) -> None:
         if self.num_heads % self.geometry.num_kv_heads:
@@ -107,6 +121,8 @@ class WorkloadConfig:
             raise ValueError(f"block_base must be >= 0, got {self.block_base}")
         if self.group_windows:
             self._check_group_windows()
+        if self.poison is not None and self.poison not in POISONS:
+            raise ValueError(f"poison must be one of {list(POISONS)} or None, got {self.poison!r}")
 
     def variant(self, layer: int) -> AttentionVariant:
         """The attention variant of ``layer`` (plain unless the workload draws one)."""

@@ -118,6 +118,15 @@ class ReadsPastSeqLen(NumpyPagedBackend):
         return super()._visible(positions, num_keys, seq_len)
 
 
+class MasksByZeroWeight(NumpyPagedBackend):
+    """Loads the whole last block, masks the scores past ``seq_len``, and multiplies those
+    slots' V by their zero weights: exact while unowned slots hold finite values, NaN once
+    one holds NaN or an infinity (``0 * inf``), as freed memory on a GPU may."""
+
+    def _num_keys(self, seq_len: int) -> int:
+        return cdiv(seq_len, self._geo().block_size) * self._geo().block_size
+
+
 class SoftmaxWithoutMax(NumpyPagedBackend):
     """Softmax without subtracting the row maximum, in the cache dtype: fp16 overflows past 11."""
 
@@ -270,6 +279,7 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "causal mask wrong for a prefill chunk that starts mid-sequence": ChunkMaskFromZero,
     "last partial block ignored": IgnoresPartialBlock,
     "stale data read past seq_len": ReadsPastSeqLen,
+    "masked slots' V multiplied by a zero weight (NaN with poisoned memory)": MasksByZeroWeight,
     "softmax without max subtraction (overflows in fp16)": SoftmaxWithoutMax,
     "wrong scale": IgnoresScale,
     "online softmax over 64-key tiles without rescaling the accumulator": OnlineSoftmaxNoRescale,
