@@ -30,7 +30,7 @@ def _workload(ls: Lockstep) -> None:
     ls.add(1, [4, 4, 4])
     ls.step([(0, [3]), (1, [4, 4, 4])])
     ls.free(0)
-    hit = ls.add(2, prompt[:8] + [11])
+    hit = ls.add(2, [*prompt[:8], 11])
     assert hit == 8
     ls.step([(2, [11]), (1, [5])])
     ls.step([(2, [12])])

@@ -93,13 +93,13 @@ from conformance.judges.numerics import (
 from conformance.lockstep.group_memory import GroupMemory, describe_groups, released_rows
 from conformance.lockstep.variants import describe, describe_kv
 from conformance.lockstep.workload import (
+    POISONS,
     SequenceTruth,
     TokenKV,
     WorkloadConfig,
     background,
     guard_background,
     large_logits,
-    POISONS,
     padding_rows,
     poison_rows,
     queries,
@@ -468,8 +468,8 @@ class Lockstep:
             layers = [x for x in range(g.num_layers) if g.group_of(x) == group]
             k, _ = self.memory.read_blocks(layers[0], list(range(g.num_blocks)))
             flat = k.reshape(g.num_blocks * b, -1)
-            poisoned = (np.isnan(flat) if c.poison == "NaN" else flat == POISONS[c.poison]).all(1)
-            poisoned &= not everywhere
+            held = np.isnan(flat) if c.poison == "NaN" else flat == POISONS[c.poison]
+            poisoned: NDArray[np.bool_] = held.all(axis=1) & (not everywhere)
             slots = [
                 s
                 for s in range(g.num_blocks * b)
