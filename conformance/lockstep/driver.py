@@ -468,8 +468,11 @@ class Lockstep:
             layers = [x for x in range(g.num_layers) if g.group_of(x) == group]
             k, _ = self.memory.read_blocks(layers[0], list(range(g.num_blocks)))
             flat = k.reshape(g.num_blocks * b, -1)
-            held = np.isnan(flat) if c.poison == "NaN" else flat == POISONS[c.poison]
-            poisoned: NDArray[np.bool_] = held.all(axis=1) & (not everywhere)
+            value = POISONS[c.poison]
+            held = np.isnan(flat) if np.isnan(value) else np.equal(flat, value)
+            poisoned: NDArray[np.bool_] = np.asarray(held, dtype=np.bool_).all(axis=1)
+            if everywhere:
+                poisoned[:] = False
             slots = [
                 s
                 for s in range(g.num_blocks * b)
