@@ -470,9 +470,9 @@ class Lockstep:
             flat = k.reshape(g.num_blocks * b, -1)
             value = POISONS[c.poison]
             held = np.isnan(flat) if np.isnan(value) else np.equal(flat, value)
-            poisoned: NDArray[np.bool_] = np.asarray(held, dtype=np.bool_).all(axis=1)
-            if everywhere:
-                poisoned[:] = False
+            poisoned = np.zeros(flat.shape[0], dtype=np.bool_)
+            if not everywhere:
+                poisoned |= np.asarray(held, dtype=np.bool_).reshape(flat.shape).all(axis=1)
             slots = [
                 s
                 for s in range(g.num_blocks * b)
