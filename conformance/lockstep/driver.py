@@ -91,6 +91,7 @@ from conformance.judges.numerics import (
     ulp_scale,
 )
 from conformance.lockstep.group_memory import GroupMemory, describe_groups, released_rows
+from conformance.lockstep.pairs import call_features, call_path
 from conformance.lockstep.variants import describe, describe_kv
 from conformance.lockstep.workload import (
     POISONS,
@@ -105,7 +106,7 @@ from conformance.lockstep.workload import (
     queries,
 )
 from conformance.run.calls import attention_calls, sub_batch, token_rows
-from spec.attention import paged_attention
+from spec.attention import AttentionVariant, paged_attention
 from spec.backend import Backend, Capabilities, KVGeometry
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
@@ -596,6 +597,7 @@ class Lockstep:
             paths.append(self._path())
             decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
             self.coverage.note_step(num_seqs=sub.num_seqs, decodes=decodes, max_offset=0)
+            self._note_pairs(sub, variant, paths[-1])
         attended = sub_batch(batch, [i for call in calls for i in call])
         q_all = query[token_rows(batch, [i for call in calls for i in call])]
         exact = self._reference(q_all, attended, layer)
@@ -621,6 +623,15 @@ class Lockstep:
             group=c.geometry.group_of(layer),
             **precision,
         )
+
+    def _note_pairs(self, sub: BatchMetadata, variant: AttentionVariant, path: str | None) -> None:
+        """The features of this call, with its path (:mod:`conformance.lockstep.pairs`)."""
+        g = self.config.geometry
+        features = call_features(
+            variant, g.kv_dtype, sub, grouped=g.num_groups > 1, large=self.base > 0
+        )
+        kind = call_path(sub, variant.window, self.coverage.split_keys)
+        self.coverage.note_pairs(features, kind, path)
 
     def _path(self) -> str | None:
         path = getattr(self.backend, "attention_path", None)

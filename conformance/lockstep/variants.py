@@ -139,6 +139,35 @@ def sink_values(level: float, spread: float, num_heads: int, layer: int = 0) -> 
     )
 
 
+def feature_variant(
+    caps: Capabilities, feature: str, num_heads: int, spread: float, window: int
+) -> AttentionVariant:
+    """The variant of a feature pass's first layer: the pass's variant with the one it matters
+    with (ALiBi with sinks, a window with a soft-cap) when declared; every declared variant
+    under an fp8 KV dtype. The window is ``window`` keys (a split-KV context), sinks at the
+    highest level, so that both still matter over hundreds of keys.
+
+    >>> caps = Capabilities("x", variants={"sinks", "alibi", "window"})
+    >>> sorted(feature_variant(caps, "sinks", 2, 1.0, 256).features)
+    ['alibi', 'sinks']
+    >>> sorted(feature_variant(caps, "fp8_e4m3", 2, 1.0, 256).features)
+    ['alibi', 'sinks', 'window']
+    """
+    declared = caps.variants
+    partners = {"alibi": "sinks", "sinks": "alibi", "window": "softcap", "softcap": "window"}
+    pair = {feature, partners[feature]} & declared if feature in VARIANTS else set(declared)
+    wanted = pair | ({feature} & set(VARIANTS))
+    standard = alibi_slopes(num_heads)
+    return AttentionVariant(
+        window=window if "window" in wanted else None,
+        softcap=SOFTCAPS[0] * spread if "softcap" in wanted else None,
+        sinks=sink_values(max(SINK_LEVELS), spread, num_heads) if "sinks" in wanted else None,
+        alibi_slopes=tuple(ALIBI_STEEPEST[1] * spread * x / standard[0] for x in standard)
+        if "alibi" in wanted
+        else None,
+    )
+
+
 def _combine(window: object, softcap: object, sinks: object, slopes: object) -> AttentionVariant:
     return AttentionVariant(window, softcap, sinks, slopes)  # type: ignore[arg-type]
 
@@ -167,10 +196,21 @@ def kv_quantization(caps: Capabilities, num_layers: int) -> st.SearchStrategy[_Q
     def quantized(kv_dtype: str, levels: tuple[tuple[float, float], ...]) -> _Quantization:
         return kv_dtype, tuple(drawn_scales(kv_dtype, k, v) for k, v in levels)
 
-    pairs = [(k, v) for k in FP8_SATURATION for v in FP8_SATURATION if k != v]  # K != V
-    levels = st.tuples(*(st.sampled_from(pairs) for _ in range(num_layers)))
+    levels = st.tuples(*(st.sampled_from(_LEVEL_PAIRS) for _ in range(num_layers)))
     fp8 = st.builds(quantized, st.sampled_from(sorted(caps.kv_dtypes)), levels)
     return st.one_of(st.just((None, ())), fp8)
+
+
+_LEVEL_PAIRS = [(k, v) for k in FP8_SATURATION for v in FP8_SATURATION if k != v]  # K != V
+
+
+def fp8_layer_scales(
+    kv_dtype: str, num_layers: int
+) -> st.SearchStrategy[tuple[tuple[float, float], ...]]:
+    """Each layer's ``(k_scale, v_scale)`` for a cache of ``kv_dtype``, as :func:`kv_quantization`
+    draws them."""
+    one = st.sampled_from(_LEVEL_PAIRS).map(lambda kv: drawn_scales(kv_dtype, *kv))
+    return st.tuples(*(one for _ in range(num_layers)))
 
 
 def describe(variant: AttentionVariant) -> str:
