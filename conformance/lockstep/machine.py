@@ -205,7 +205,8 @@ class LockstepMachine(RuleBasedStateMachine):
         a split-KV context, prefilled in two chunks (prefill, then a chunk after cached
         context), decoded alone (split-KV decode), decoded together with a new prompt's
         prefill (mixed); that prompt decoded alone (single-pass decode); then a prompt that
-        hits the first one's prefix, its chunk run after the cached blocks. In a large pool,
+        hits the first one's prefix, its chunk run after the cached blocks beside a decode
+        (a mixed call with cached context). In a large pool,
         all of it lies past 2^31 elements, so a kernel's cached-context loop runs there."""
         b = self.block_size
         where = " in the blocks past 2^31 elements" if self.plan.kind == "large pool" else ""
@@ -226,7 +227,11 @@ class LockstepMachine(RuleBasedStateMachine):
         if self.ls.config.prefix_caching and len(prompt) > 2 * b:
             hit = self.next_id
             self._start(self._fit_prompt(prompt[: 2 * b] + _tokens(seed + 2, b + 1)))
-            self._run([(hit, self.pending[hit][: self._chunk_limit(None)])])
+            chunk_after_hit = (hit, self.pending[hit][: self._chunk_limit(None)])
+            done = [
+                (s, [(token + 3) % VOCAB]) for s, rest in sorted(self.pending.items()) if not rest
+            ]
+            self._run([chunk_after_hit, *done[:1]])  # with a decode: cached context, mixed
 
     def _start_wide(self, data: st.DataObject) -> None:
         """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
