@@ -247,6 +247,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "envelope": result.envelope,
         "passes": [{"pass": name, "examples": count} for name, count in result.passes],
         "drawn": list(result.notes),
+        "drawn_features": dict(sorted(s.drawn.items())),
         "coverage": s.coverage.to_json(),
         "numerics_margins": {
             "step_excess": dict(sorted(s.margins.step.items())),
