@@ -55,7 +55,6 @@ from conformance.lockstep.pairs import planned_pairs, split_keys
 from conformance.lockstep.plan import OPENS_WITH_PAIRS, Plan
 from conformance.lockstep.variants import label
 from conformance.lockstep.workload import WorkloadConfig
-from spec.attention import VARIANTS
 from spec.backend import Backend
 
 VOCAB = 64
@@ -628,11 +627,12 @@ class LockstepMachine(RuleBasedStateMachine):
 
 def drawn_names(config: WorkloadConfig) -> set[str]:
     """What an example drew, as the report counts it: its dtype, KV dtype and layers' variants
-    (combined ones by their joined names, "alibi+sinks" say)."""
+    (combined ones by their names joined in alphabetical order, "alibi+sinks" say, as
+    :mod:`conformance.lockstep.pairs` names them)."""
     g = config.geometry
     names = {g.dtype, g.kv_dtype or f"KV {g.dtype}"}
     for layer in range(g.num_layers):
-        features = [n for n in VARIANTS if n in config.variant(layer).features]
+        features = sorted(config.variant(layer).features)
         names.update(features)
         if len(features) > 1:
             names.add("+".join(features))

@@ -33,7 +33,7 @@ from spec.batch import BatchMetadata
 
 PATHS = ("single-pass decode", "split-KV decode", "prefill", "mixed")
 """The kernel paths the suite provokes: decodes short and long, prefill chunks, and both."""
-COMBINED = (("alibi", "sinks"), ("window", "softcap"))
+COMBINED = (("alibi", "sinks"), ("softcap", "window"))
 """Variants that matter together: an ALiBi origin only a sink shows; a window edge under a cap."""
 CACHED = "cached context"
 """A prefill chunk after tokens already in the cache (an earlier chunk or a prefix hit)."""
