@@ -49,7 +49,6 @@ def test_only_declared_variants_and_kv_dtypes_are_drawn(
     for layer in range(config.geometry.num_layers):
         v = config.variant(layer)
         assert v.features <= declared
-        assert not {"sinks", "alibi"} <= v.features  # never combined
         if v.window is not None:
             assert v.window in (variants.LONG_WINDOWS if long_context else variants.WINDOWS)
     kv = config.geometry.kv_dtype
