@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from conformance.planted.backends import PLANTED, OnlineSoftmaxNoRescale
 from conformance.planted.selftest import SELFTEST_SEED
 from conformance.reports.report import replay_script
 from conformance.run.runner import run_suite
+from spec.attention import AttentionVariant
 from spec.backend import Backend, ReferenceBackend
 
 
@@ -84,6 +86,15 @@ def _chunked(ls: Lockstep) -> None:
     ls.step([(0, [4, 5, 6, 7])])
 
 
+def _chunked_past_a_block(ls: Lockstep) -> None:
+    """An 11-token prompt in chunks of 6 and 5: the second's cached context fills block 0 and
+    reaches into block 1 (in a large pool, the first block past 2^31 elements)."""
+    prompt = list(range(1, 12))
+    ls.add(0, prompt)
+    ls.step([(0, prompt[:6])])
+    ls.step([(0, prompt[6:])])
+
+
 def _interleaved(ls: Lockstep) -> None:
     """Two sequences grow in turns, so each one's blocks are not contiguous: [0, 2], [1, 3]."""
     ls.add(0, [1, 2, 3, 4, 5])
@@ -131,6 +142,17 @@ def _long_prompt(ls: Lockstep, length: int = 130) -> None:
     assert ls.step([(0, [1])]) == [0]
 
 
+def _long_sinks_config() -> WorkloadConfig:
+    geometry, heads = geometry_for(16, 1, 2, 8, "float32", 1, long_context=True)
+    sinks = AttentionVariant(sinks=(2.0, 2.5))
+    return WorkloadConfig(geometry, heads, scale_for(8, False), 5, variants=(sinks,))
+
+
+def _long_split(ls: Lockstep) -> None:
+    """A prompt of 300 tokens, then a decode: a context the split-KV path takes."""
+    _long_prompt(ls, 300)
+
+
 WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]] = {
     "SlotOffByOne": (_decode_partial, _config(), {"K"}),
     "IgnoresBlockTable": (_interleaved, _config(), {"output"}),
@@ -152,6 +174,14 @@ WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]
     "Int32Offsets": (_decode_partial, _config(layers=1, large_pool=True), {"K"}),
     "RoundsTowardZero": (_many_outputs, _config(dtype="float16", block_size=16), {"outputs"}),
     "Fp16Accumulation": (_many_outputs, _config(dtype="float16", block_size=16), {"output"}),
+    "CausalOffByOne": (_chunked, _config(), {"output"}),
+    "MasksByZeroWeight": (_decode_partial, replace(_config(), poison="NaN"), {"output"}),
+    "Int32OffsetsInCachedContext": (
+        _chunked_past_a_block,
+        _config(layers=1, large_pool=True),
+        {"output"},
+    ),
+    "SinksWrongOnSplitKV": (_long_split, _long_sinks_config(), {"output"}),
     **VARIANT_WORKLOADS,  # the variant and fp8 bugs: tests/variant_workloads.py
     **GROUP_WORKLOADS,  # the KV cache group bugs: tests/group_workloads.py
 }

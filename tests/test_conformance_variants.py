@@ -17,18 +17,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from variant_workloads import VARIANT_WORKLOADS
 
+from conformance.judges.dtypes import round_to
 from conformance.lockstep import variants
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.lockstep.plan import plan_for
-from conformance.lockstep.workload import LONG_PROMPTS, WorkloadConfig
+from conformance.lockstep.workload import LONG_PROMPTS, WorkloadConfig, tie_values
 from conformance.planted.variants import Fp8NoSaturation, WindowOffByOne
 from conformance.run.runner import run_suite
 from spec.attention import VARIANTS
 from spec.backend import ReferenceBackend
 from spec.capabilities import Capabilities
 from spec.kv_geometry import KV_DTYPES
-from spec.quant import FP8_FORMATS
+from spec.quant import FP8_FORMATS, quantize, round_fp8
 
 TILE = 64  # keys per tile of the Triton kernel on the CPU path, and of OnlineSoftmaxNoRescale
 
@@ -50,7 +51,6 @@ def test_only_declared_variants_and_kv_dtypes_are_drawn(
     for layer in range(config.geometry.num_layers):
         v = config.variant(layer)
         assert v.features <= declared
-        assert not {"sinks", "alibi"} <= v.features  # never combined
         if v.window is not None:
             assert v.window in (variants.LONG_WINDOWS if long_context else variants.WINDOWS)
     kv = config.geometry.kv_dtype
@@ -78,6 +78,29 @@ def test_fp8_scales_are_powers_of_two_that_saturate_at_their_level(
     assert 0.0004 < share < 0.4, "some unit-variance values saturate, most do not"
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_drawn_scales_differ_are_not_powers_of_two_and_expose_a_reciprocal(kv_dtype: str) -> None:
+    """K and V scales differ and are 7/8 of a power of two; at each, every tie value divides to
+    an fp8 tie (so the spec rounds it to even) and multiplying by the float32 reciprocal
+    instead rounds it the other way; and each tie value is exact in bfloat16."""
+    k_scale, v_scale = variants.drawn_scales(kv_dtype, 1.75, 0.875)
+    assert k_scale != v_scale
+    for scale in (k_scale, v_scale):
+        assert math.frexp(scale)[0] != 0.5
+        ties = np.array(tie_values(kv_dtype, scale))
+        assert (round_to(ties, "bfloat16") == ties).all()
+        right = quantize(ties, scale, kv_dtype)
+        inverse = np.float32(1.0) / np.float32(scale)
+        wrong = round_fp8(ties.astype(np.float32) * inverse, kv_dtype)
+        assert (right != wrong).all()
+
+
+def test_sinks_and_slopes_differ_per_head_and_layer() -> None:
+    sinks = [variants.sink_values(1.0, 16.0, 8, layer) for layer in range(3)]
+    assert all(len(set(s)) == 8 for s in sinks)
+    assert all(len({s[h] for s in sinks}) == 3 for h in range(8)), "each head's sink moves"
+
+
 @settings(max_examples=60, deadline=None)
 @given(spread=st.sampled_from([1.0, 16.0]), data=st.data())
 def test_draws_relative_to_the_spread_of_the_scores(spread: float, data: st.DataObject) -> None:
@@ -86,6 +109,7 @@ def test_draws_relative_to_the_spread_of_the_scores(spread: float, data: st.Data
     if v.softcap is not None:
         assert v.softcap / spread in variants.SOFTCAPS
     if v.sinks is not None:  # head 1 sits at the level, heads 0 and 2 half a spread around it
+        assert v.sinks == variants.sink_values(v.sinks[1] / spread, spread, 4)
         level = v.sinks[1] / spread
         assert level in variants.SINK_LEVELS
         assert v.sinks[0] == spread * (level - 0.5) and v.sinks[2] == spread * (level + 0.5)

@@ -49,6 +49,8 @@ class Difference:
     max_rel_error: float | None = None
     numerics: OutputErrors | None = None  # outputs: the error distribution and what was allowed
     example: ExampleErrors | None = None  # an example's outputs: imprecise or leaning
+    diagnosis: str | None = None  # the named mistake that reproduces a wrong output, if any
+    elements: tuple[int, ...] = ()  # which elements of the head ``expected`` shows (KV)
 
     def describe(self) -> str:
         """A few lines for a person: where, what, how far off."""
@@ -67,8 +69,11 @@ class Difference:
             lines = [f"the backend failed at {', '.join(where)}: {self.detail}"]
         else:
             lines = [f"{self.what} differs at {', '.join(where)}: {self.detail}"]
+        if self.diagnosis:
+            lines += [f"  {line.strip()}" for line in self.diagnosis.splitlines()]
         if self.expected or self.actual:
-            lines.append(f"  expected {_fmt(self.expected)}")
+            at = f" (elements {', '.join(map(str, self.elements))})" if self.elements else ""
+            lines.append(f"  expected {_fmt(self.expected)}{at}")
             lines.append(f"  actual   {_fmt(self.actual)}")
         if self.numerics is not None:
             lines += self.numerics.describe()
@@ -126,6 +131,7 @@ def first_kv_difference(
     row = min(live, key=lambda r: owners[int(slot_of[r])]) if live else int(bad_rows[0])
     slot = int(slot_of[row])
     head = int(np.flatnonzero(~same[row].all(axis=1))[0])
+    shown = np.flatnonzero(~same[row, head])[:_SHOWN]  # the elements that differ, not the first
     seq_id, token = owners.get(slot, (None, None))
     if step == 0:
         detail = "the background write of every slot (before any step) did not store this value"
@@ -146,10 +152,11 @@ def first_kv_difference(
         head=head,
         block=slot // block_size + block_offset,
         offset=slot % block_size,
-        expected=tuple(float(x) for x in expected[row, head, :_SHOWN]),
-        actual=tuple(float(x) for x in actual[row, head, :_SHOWN]),
+        expected=tuple(float(x) for x in expected[row, head, shown]),
+        actual=tuple(float(x) for x in actual[row, head, shown]),
         max_abs_error=abs_err,
         max_rel_error=rel_err,
+        elements=tuple(int(i) for i in shown),
     )
 
 
@@ -182,25 +189,39 @@ def first_output_difference(
     actual: F64,
     errors: OutputErrors,
     rows: Sequence[tuple[int, int]],
+    poison: str | None = None,
 ) -> Difference | None:
     """The first row and head of ``actual`` (``[T, H, D]``) off by more than ``errors`` allows.
 
     ``rows[i]`` is the ``(sequence, token)`` of row ``i``; ``errors`` judges
     the whole step and layer (:func:`conformance.judges.numerics.output_errors`).
+    The detail gives that row's own error and multiple, and the step's worst,
+    which the numerics lines below repeat. ``poison``: what the example filled
+    every slot no live token owns with (``"NaN"``, ``"+inf"``, ``"-inf"``); a
+    non-finite output where the reference is finite is then named a read of one.
     """
     if errors.passed:
         return None
-    bad = (errors.ulps(expected, actual) > errors.allowed_ulps).any(axis=2)  # [T, H]
+    ulps = errors.ulps(expected, actual)
+    bad = (ulps > errors.allowed_ulps).any(axis=2)  # [T, H]
     row, head = (int(i) for i in np.argwhere(bad)[0])
     seq_id, token = rows[row]
+    here = float(ulps[row, head].max())
+    if poison is not None and not np.isfinite(actual[row, head]).all():
+        detail = (
+            f"the output is not finite: the kernel reads a slot no token owns (poisoned with "
+            f"{poison}), even if only to multiply it by zero"
+        )
+    else:
+        detail = (
+            f"attention output off by {here:.3g} ulp here, {here / errors.allowed_ulps:.2f} x "
+            f"the allowed {errors.allowed_ulps:.3g} ulp (the step and layer's worst: "
+            f"{errors.excess:.2f} x, below)"
+        )
     return Difference(
         what="output",
         step=step,
-        detail=(
-            f"attention output off by more than a kernel of the same precision may be "
-            f"({errors.excess:.2f} x the allowed error; figures below are over the whole "
-            f"step and layer)"
-        ),
+        detail=detail,
         layer=layer,
         seq_id=seq_id,
         token=token,

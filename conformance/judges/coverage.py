@@ -19,6 +19,7 @@ largest KV element offset: 2147483653 (past 2^31: yes)
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,52 @@ class Coverage:
     group_layouts: set[str] = field(default_factory=set)  # their groups, as reports name them
     released_entries: int = 0  # block-table entries that sliding windows released
     released_rows: int = 0  # batch table rows handed over with released entries
+    pairs: Counter[tuple[str, str]] = field(default_factory=Counter)  # (feature, path): calls
+    reported: Counter[tuple[str, str]] = field(default_factory=Counter)  # (feature, its name)
+    planned: tuple[tuple[str, str], ...] = ()  # the pairs that matter (set by the run)
+    unreachable: dict[tuple[str, str], str] = field(default_factory=dict)  # pair -> why
+    split_keys: int = 256  # a decode of this much visible context counts as split-KV
+
+    def plan_pairs(
+        self, planned: list[tuple[str, str]], unreachable: dict[tuple[str, str], str], split: int
+    ) -> None:
+        """The pairs the run must reach, and why the capabilities rule some out."""
+        self.planned, self.unreachable, self.split_keys = tuple(planned), dict(unreachable), split
+
+    def note_pairs(self, features: set[str], path: str, reported: str | None) -> None:
+        """One attention call: each of its features with its path (and the backend's name)."""
+        for f in features:
+            self.pairs[(f, path)] += 1
+            if reported:
+                self.reported[(f, reported)] += 1
+
+    def describe_pairs(self) -> list[str]:
+        """Pair coverage: how many of the pairs that matter were reached, each one's calls,
+        and every one not reached with why.
+
+        >>> cov = Coverage()
+        >>> cov.plan_pairs([("sinks", "prefill"), ("sinks", "mixed")], {}, 256)
+        >>> cov.note_pairs({"sinks"}, "prefill", None)
+        >>> print("\\n".join(cov.describe_pairs()))
+        feature x path pairs reached: 1 of 2
+          sinks: prefill 1
+          not reached: sinks x mixed (no call of this run combined them)
+        """
+        if not self.planned:
+            return []
+        reached = [p for p in self.planned if self.pairs[p]]
+        lines = [f"feature x path pairs reached: {len(reached)} of {len(self.planned)}"]
+        for feature in dict.fromkeys(f for f, _ in self.planned):
+            got = [f"{p} {self.pairs[(f, p)]}" for f, p in reached if f == feature]
+            named = sorted({n for f, n in self.reported if f == feature})
+            extra = f" (backend paths: {', '.join(named)})" if named else ""
+            if got:
+                lines.append(f"  {feature}: {', '.join(got)}{extra}")
+        for pair in self.planned:
+            if not self.pairs[pair]:
+                why = self.unreachable.get(pair, "no call of this run combined them")
+                lines.append(f"  not reached: {pair[0]} x {pair[1]} ({why})")
+        return lines
 
     def note_shape(
         self, *, head_dim: int, block_size: int, num_kv_heads: int, gqa_ratio: int, dtype: str
@@ -96,6 +143,7 @@ class Coverage:
             f"{self.widest_mixed[1]} prefill chunks",
             f"largest KV element offset: {self.max_offset} (past 2^31: {past})",
             *self._describe_groups(),
+            *self.describe_pairs(),
         ]
 
     def _describe_groups(self) -> list[str]:
@@ -131,6 +179,16 @@ class Coverage:
             },
             "max_kv_element_offset": self.max_offset,
             "past_int32": self.max_offset >= INT32_LIMIT,
+            "pairs": {
+                "planned": len(self.planned),
+                "reached": [[*p, self.pairs[p]] for p in self.planned if self.pairs[p]],
+                "not_reached": [
+                    [*p, self.unreachable.get(p, "no call of this run combined them")]
+                    for p in self.planned
+                    if not self.pairs[p]
+                ],
+                "backend_paths": [[f, n, c] for (f, n), c in sorted(self.reported.items())],
+            },
             "kv_groups": {
                 "examples": self.group_examples,
                 "layouts": sorted(self.group_layouts),

@@ -80,6 +80,7 @@ from conformance.judges.device_contract import (
 )
 from conformance.judges.dtypes import F64, round_to
 from conformance.judges.guard import BackendFault, CallGuard
+from conformance.judges.hypotheses import case_for, diagnose
 from conformance.judges.numerics import (
     LARGE_LOGITS,
     USUAL_SCALE,
@@ -90,8 +91,10 @@ from conformance.judges.numerics import (
     ulp_scale,
 )
 from conformance.lockstep.group_memory import GroupMemory, describe_groups, released_rows
+from conformance.lockstep.pairs import call_features, call_path
 from conformance.lockstep.variants import describe, describe_kv
 from conformance.lockstep.workload import (
+    POISONS,
     SequenceTruth,
     TokenKV,
     WorkloadConfig,
@@ -99,13 +102,16 @@ from conformance.lockstep.workload import (
     guard_background,
     large_logits,
     padding_rows,
+    poison_rows,
     queries,
 )
 from conformance.run.calls import attention_calls, sub_batch, token_rows
+from spec.attention import AttentionVariant
 from spec.attention_batched import paged_attention_batched
 from spec.backend import Backend
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
+from spec.block_pool import BlockPool
 from spec.capabilities import Capabilities
 from spec.errors import OutOfBlocksError
 from spec.kv_geometry import KVGeometry
@@ -250,6 +256,7 @@ class Lockstep:
                 return []
             self.step_index += 1
             batch = self._layout(ran)
+            self.poison_unowned()
             self._call("copy_blocks", self.backend.copy_blocks, self._shift_copies(batch.copies))
             self.memory.copy_blocks(batch.copies)
             calls = self._attention_calls(batch)
@@ -410,13 +417,84 @@ class Lockstep:
             scale = ulp_scale(exact, dtype)
             errors = output_errors(exact, same, actual, dtype, self._regime, path, scale)
             self.margins.note_step(errors)
-            diff = first_output_difference(self.step_index, layer, exact, actual, errors, rows)
+            diff = first_output_difference(
+                self.step_index, layer, exact, actual, errors, rows, self._poison_name
+            )
             if diff is not None:
+                diff = replace(
+                    diff, diagnosis=self._diagnose(batch, attended, layer, exact, actual)
+                )
                 raise ConformanceFailure(self._named(diff, layer), self.log)
             self._example.add(exact, actual, same, scale[0])
             self.checks["attention outputs judged against the same-precision reference"] += len(
                 rows
             )
+
+    def _diagnose(
+        self, batch: BatchMetadata, attended: list[int], layer: int, exact: F64, actual: F64
+    ) -> str | None:
+        """The named mistake (:mod:`conformance.judges.hypotheses`) that reproduces ``actual``."""
+        c = self.config
+        query = queries(c, self.step_index, layer, batch.num_tokens)[token_rows(batch, attended)]
+        case = case_for(
+            query,
+            sub_batch(batch, attended),
+            self.memory,
+            layer,
+            c.geometry.group_of(layer),
+            c.scale,
+            c.variant(layer),
+        )
+        return diagnose(case, exact, actual)
+
+    @property
+    def _poison_name(self) -> str | None:
+        """What slots no live token owns hold in this example (``None``: finite values)."""
+        return self.config.poison
+
+    def poison_unowned(self, everywhere: bool = False) -> None:
+        """Fill every slot no live token owns with the example's poison, on both sides.
+
+        Free blocks, the tails of partial blocks, blocks a window released and
+        evicted blocks handed to a new owner; not a free block the prefix cache
+        still holds (a later prompt may hit it). Written through ``write_kv``, as
+        any KV is, only where a slot does not hold poison already (``everywhere``:
+        in every slot, as priming does). Nothing when the example is not poisoned.
+        """
+        c = self.config
+        if c.poison is None:
+            return
+        g = c.geometry
+        b = g.block_size
+        for group in range(g.num_groups):
+            owned = self._owners(group)
+            pool = self._pool(group)
+            layers = [x for x in range(g.num_layers) if g.group_of(x) == group]
+            k, _ = self.memory.read_blocks(layers[0], list(range(g.num_blocks)))
+            flat = k.reshape(g.num_blocks * b, -1)
+            value = POISONS[c.poison]
+            held = np.isnan(flat) if np.isnan(value) else np.equal(flat, value)
+            poisoned = np.zeros(flat.shape[0], dtype=np.bool_)
+            if not everywhere:
+                poisoned |= np.asarray(held, dtype=np.bool_).reshape(flat.shape).all(axis=1)
+            slots = [
+                s
+                for s in range(g.num_blocks * b)
+                if s not in owned
+                and not poisoned[s]
+                and not (pool.ref_count(s // b) == 0 and pool.block_hash(s // b) is not None)
+            ]
+            if not slots:
+                continue
+            rows = poison_rows(c, len(slots))
+            for layer in layers:
+                self._write_kv(layer, rows, rows, self._shift_slots(slots))
+                self.memory.write(layer, rows, rows, slots)
+            self.checks["slots no live token owns poisoned"] += len(slots) * len(layers)
+
+    def _pool(self, group: int) -> BlockPool:
+        manager = self.manager if self.groups is None else self.groups.managers[group]
+        return manager.pool
 
     # -- internals ----------------------------------------------------------------
 
@@ -434,7 +512,13 @@ class Lockstep:
         return [(self.base - 1, 0), (self.base + self.config.geometry.num_blocks, 1)]
 
     def _prime(self) -> None:
-        """Fill every slot with known values first, so that any stray write is visible."""
+        """Fill every slot with known values first, so that any stray write is visible (poison,
+        in a poisoned example)."""
+        if self.config.poison is not None:
+            self._prime_guards()
+            self.poison_unowned(everywhere=True)
+            self._check_kv(None, None)
+            return
         g = self.config.geometry
         b = g.block_size
         slots = list(range(g.num_blocks * b))
@@ -451,6 +535,18 @@ class Lockstep:
             self.memory.write(layer, k, v, slots)
         self._note_offset(max(self._shift_slots(slots) + guard_slots))
         self._check_kv(None, None)
+
+    def _prime_guards(self) -> None:
+        """A poisoned example's guard blocks: primed with their known values all the same."""
+        g = self.config.geometry
+        b = g.block_size
+        guard_slots = [s for blk, _ in self._guards for s in range(blk * b, (blk + 1) * b)]
+        if not guard_slots:
+            return
+        for layer in range(g.num_layers):
+            gk, gv = guard_background(self.config, layer, len(guard_slots))
+            self._write_kv(layer, gk, gv, guard_slots)
+        self._note_offset(max(guard_slots))
 
     def _append(self, seq_id: int, tokens: Sequence[int]) -> bool:
         if self.groups is not None:
@@ -504,6 +600,7 @@ class Lockstep:
             paths.append(self._path())
             decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
             self.coverage.note_step(num_seqs=sub.num_seqs, decodes=decodes, max_offset=0)
+            self._note_pairs(sub, variant, paths[-1])
         attended = sub_batch(batch, [i for call in calls for i in call])
         q_all = query[token_rows(batch, [i for call in calls for i in call])]
         exact = self._reference(q_all, attended, layer)
@@ -529,6 +626,15 @@ class Lockstep:
             group=c.geometry.group_of(layer),
             **precision,
         )
+
+    def _note_pairs(self, sub: BatchMetadata, variant: AttentionVariant, path: str | None) -> None:
+        """The features of this call, with its path (:mod:`conformance.lockstep.pairs`)."""
+        g = self.config.geometry
+        features = call_features(
+            variant, g.kv_dtype, sub, grouped=g.num_groups > 1, large=self.base > 0
+        )
+        kind = call_path(sub, variant.window, self.coverage.split_keys)
+        self.coverage.note_pairs(features, kind, path)
 
     def _path(self) -> str | None:
         path = getattr(self.backend, "attention_path", None)

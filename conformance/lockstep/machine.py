@@ -51,7 +51,8 @@ from conformance.judges.numerics import Margins
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.envelope import Envelope
 from conformance.lockstep.groups import group_label
-from conformance.lockstep.plan import Plan
+from conformance.lockstep.pairs import planned_pairs, split_keys
+from conformance.lockstep.plan import OPENS_WITH_PAIRS, Plan
 from conformance.lockstep.spec_side import SpecSide
 from conformance.lockstep.variants import label
 from conformance.lockstep.workload import WorkloadConfig
@@ -78,6 +79,7 @@ class RunStats:
     checks: Counter[str] = field(default_factory=Counter)
     configs: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)  # attention the backend cannot run
+    drawn: Counter[str] = field(default_factory=Counter)  # examples per variant, dtype, KV dtype
     coverage: Coverage = field(default_factory=Coverage)
     margins: Margins = field(default_factory=Margins)  # how close the outputs came to failing
     longest: int = 0  # the most tokens any sequence held when a step ran
@@ -174,8 +176,12 @@ class LockstepMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def start(self, data: st.DataObject) -> None:
+        if not self.stats.coverage.planned:
+            wanted, why = planned_pairs(self.plan.capabilities, self.plan.envelope.device)
+            self.stats.coverage.plan_pairs(wanted, why, split_keys(self.plan.envelope.device))
         config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
         self.stats.configs[_shape(config, self.plan.kind)] += 1
+        self.stats.drawn.update(drawn_names(config))
         if self.draw_only:
             self.lockstep = SpecSide(config)
         else:
@@ -186,13 +192,8 @@ class LockstepMachine(RuleBasedStateMachine):
             self._start_wide(data)
         elif self.plan.kind == "groups":
             self._start_groups(data)
-        elif self.plan.kind == "large pool":
-            b = self.block_size
-            self._count("add (a prompt in the blocks past 2^31 elements)")
-            prompt = _tokens(data.draw(_SEED, label="seed"), 2 * b + 1)
-            seq_id = self.next_id
-            self._start(prompt)
-            self._run([(seq_id, prompt)])
+        elif self.plan.kind in OPENS_WITH_PAIRS:
+            self._start_pairs(data.draw(_SEED, label="seed"), data.draw(_PICK, label="token"))
         else:  # a first sequence, so that every rule can run from the first step on
             self.add(data.draw(st.integers(0, 5), label="length"), data.draw(_SEED), False, 0)
 
@@ -214,6 +215,39 @@ class LockstepMachine(RuleBasedStateMachine):
                 raise
             self.deferred = failure
             return SpecSide(config)
+
+    def _start_pairs(self, seed: int, token: int) -> None:
+        """Every kernel path, in order (:mod:`conformance.lockstep.pairs`): a prompt a block past
+        a split-KV context, prefilled in two chunks (prefill, then a chunk after cached
+        context), decoded alone (split-KV decode), decoded together with a new prompt's
+        prefill (mixed); that prompt decoded alone (single-pass decode); then a prompt that
+        hits the first one's prefix, its chunk run after the cached blocks beside a decode
+        (a mixed call with cached context). In a large pool,
+        all of it lies past 2^31 elements, so a kernel's cached-context loop runs there."""
+        b = self.block_size
+        where = " in the blocks past 2^31 elements" if self.plan.kind == "large pool" else ""
+        self._count(f"add (a prompt past a split-KV context, every kernel path{where})")
+        seq_id = self.next_id
+        prompt = _tokens(seed, self._fit_length(split_keys(self.plan.envelope.device) + b + 1))
+        self._start(prompt)
+        chunk = self._chunk_limit(max(1, len(prompt) // 2))
+        while self.pending.get(seq_id):
+            if not self._run([(seq_id, self.pending[seq_id][:chunk])]):
+                return  # the pool ran out: the sequence stays pending for later steps
+        self._run([(seq_id, [token])])
+        joiner = self.next_id
+        self._start(_tokens(seed + 1, self._fit_length(b + 1)))
+        self._run([(seq_id, [(token + 1) % VOCAB]), (joiner, self.pending[joiner])])
+        if joiner in self.pending and not self.pending[joiner]:
+            self._run([(joiner, [(token + 2) % VOCAB])])
+        if self.ls.config.prefix_caching and len(prompt) > 2 * b:
+            hit = self.next_id
+            self._start(self._fit_prompt(prompt[: 2 * b] + _tokens(seed + 2, b + 1)))
+            chunk_after_hit = (hit, self.pending[hit][: self._chunk_limit(None)])
+            done = [
+                (s, [(token + 3) % VOCAB]) for s, rest in sorted(self.pending.items()) if not rest
+            ]
+            self._run([chunk_after_hit, *done[:1]])  # with a decode: cached context, mixed
 
     def _start_wide(self, data: st.DataObject) -> None:
         """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
@@ -251,6 +285,11 @@ class LockstepMachine(RuleBasedStateMachine):
         for token in range(2):
             if any(not rest for rest in self.pending.values()):
                 self.decode(token)
+        if self._room(2):  # a new prompt's prefill beside the decodes: the mixed path
+            joiner = self.next_id
+            self._start(_tokens(seq_id + 11, self._fit_length(b + 1)))
+            decodes = [(s, [3]) for s, rest in sorted(self.pending.items()) if not rest]
+            self._run([*decodes, (joiner, self.pending[joiner][:chunk])])
         if self.plan.copy_on_write and seq_id in self._forkable():
             self._fork(seq_id)  # sharing what the window left; both then write their last block
             self._count("fork (of a sequence whose window released blocks)")
@@ -619,6 +658,20 @@ class LockstepMachine(RuleBasedStateMachine):
             self._count(kind if len(new) > 1 else f"{kind} (1 token)")
         else:
             self._count("decode")
+
+
+def drawn_names(config: WorkloadConfig) -> set[str]:
+    """What an example drew, as the report counts it: its dtype, KV dtype and layers' variants
+    (combined ones by their names joined in alphabetical order, "alibi+sinks" say, as
+    :mod:`conformance.lockstep.pairs` names them)."""
+    g = config.geometry
+    names = {g.dtype, g.kv_dtype or f"KV {g.dtype}"}
+    for layer in range(g.num_layers):
+        features = sorted(config.variant(layer).features)
+        names.update(features)
+        if len(features) > 1:
+            names.add("+".join(features))
+    return names
 
 
 def _shape(config: WorkloadConfig, kind: str) -> str:

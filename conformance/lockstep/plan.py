@@ -51,7 +51,13 @@ from conformance.lockstep.groups import (
     group_layouts,
     group_skips,
 )
-from conformance.lockstep.variants import kv_quantization, layer_variants
+from conformance.lockstep.pairs import split_keys
+from conformance.lockstep.variants import (
+    feature_variant,
+    fp8_layer_scales,
+    kv_quantization,
+    layer_variants,
+)
 from conformance.lockstep.workload import (
     LARGE_LOGIT_GAIN,
     WorkloadConfig,
@@ -196,9 +202,21 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     large_logits = draw(st.sampled_from((True, False)))  # large logits first: drawn more often
     prefix_caching = draw(st.booleans()) if plan.prefix_caching else False
     kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers))
-    geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
     spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
     variants = draw(layer_variants(plan.capabilities, layers, num_heads, plan.long_context, spread))
+    if plan.feature is not None:  # the feature, on the first layer, at every kernel path
+        first = feature_variant(
+            plan.capabilities, plan.feature, num_heads, spread, split_keys(env.device)
+        )
+        variants = (first, *variants[1:])
+        if plan.feature in plan.capabilities.kv_dtypes:
+            kv_dtype, kv_scales = plan.feature, draw(fp8_layer_scales(plan.feature, layers))
+    if plan.kind in OPENS_WITH_PAIRS and plan.prefix_caching:
+        prefix_caching = True  # the opening's prefix hit
+    geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
+    poison = draw(st.sampled_from(_POISON_DRAWS))
+    if kv_dtype is not None and poison is not None:
+        poison = "NaN"  # an fp8 write saturates infinities to the largest finite value
     windows: tuple[int | None, ...] = ()
     if layout is not None:
         geometry = replace(geometry, layer_groups=layout.layer_groups)
@@ -213,11 +231,24 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
         variants=() if all(v.is_plain for v in variants) else variants,
         block_base=large_pool_base(geometry) if plan.kind == "large pool" else 0,
         group_windows=windows,
+        poison=poison,
     )
 
 
+_POISON_DRAWS = (None, "NaN", "+inf", None, "-inf")
+"""What slots no live token owns hold: finite values in two examples of five (shrinking there)."""
+
+
+OPENS_WITH_PAIRS = ("feature", "large pool")
+"""The passes whose examples open with every kernel path (see
+:meth:`~conformance.lockstep.machine.LockstepMachine.start`)."""
+
+
 def _pool_blocks(plan: Plan, block_size: int) -> int:
-    """The pool of one example: small for short ones, room for every sequence of wide ones."""
+    """The pool of one example: small for short ones, room for every sequence of wide ones,
+    and for a split-KV context twice over in the passes that open with one."""
+    if plan.kind in OPENS_WITH_PAIRS:
+        return cdiv(2 * split_keys(plan.envelope.device), block_size) + 8
     if plan.long_context:
         return cdiv(plan.envelope.long_pool_tokens, block_size)
     if plan.wide:

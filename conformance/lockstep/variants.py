@@ -11,17 +11,27 @@ standard deviation of the scaled scores ``scale * q . k``, 1 or 16 in the suite)
   before the window;
 * soft-caps at 0.5 to 2.5 standard deviations, below the largest scores;
 * sinks at 0 to 2 standard deviations, near the largest score, so that a
-  sink takes real weight (most of it in a short context, some in a long one);
+  sink takes real weight (most of it in a short context, some in a long one),
+  a different one for every head and every layer;
 * ALiBi slopes in the standard ratios between heads, the steepest 0.5 or
   0.125 standard deviations per token, so that distance matters within a few
   tokens (the standard slopes of the suite's 1 to 8 heads start at 2^-8 to
-  2^-1: too gentle for a flipped sign to show in a short context).
+  2^-1: too gentle for a flipped sign to show in a short context), steeper by
+  an eighth on each later layer; ALiBi and sinks are drawn together too (a
+  bias measured from key 0 rather than from the query is a per-row constant
+  that only a sink makes visible).
 
-A quantized cache (``kv_dtype``) gets per-layer power-of-two scales at which
-unit-variance K and V saturate beyond 0.875, 1.75 or 3.5. Powers of two make
-every dequantized value exact in every activation dtype, so a kernel may
-dequantize into float16 or bfloat16 without rounding and the output tolerance
-stays the dtype's own.
+A quantized cache (``kv_dtype``) gets per-layer scales, different for K and V
+(a kernel that swaps or shares them shows), at which unit-variance K and V
+saturate beyond about 0.77, 1.5 or 3. Each is ``7/8`` times a power of two,
+not a power of two: a kernel that quantizes by multiplying with the
+reciprocal of the scale, rather than dividing by it, rounds some quotients
+differently, and the workload's K and V include values whose exact quotient
+is an fp8 rounding tie (:func:`~conformance.lockstep.workload.tie_values`), where it does. Every
+dequantized value (an fp8 value of at most 4 significant bits times 7) still
+has at most 7 significant bits, exact in every activation dtype, so a kernel
+may dequantize into float16 or bfloat16 without rounding and the output
+tolerance stays the dtype's own.
 
 About half the layers are plain and half the caches unquantized, so that
 the bugs of plain attention keep their share of the examples. Everything
@@ -37,6 +47,8 @@ shrinks towards plain attention and an unquantized cache.
 (AttentionVariant(window=None, softcap=None, sinks=(8.0, 16.0), alibi_slopes=None),)
 >>> fp8_scales("fp8_e4m3", 1.75), fp8_scales("fp8_e5m2", 1.75)   # 448 * 2**-8, 57344 * 2**-15
 ((0.00390625, 0.00390625), (3.0517578125e-05, 3.0517578125e-05))
+>>> [x * 2**11 for x in drawn_scales("fp8_e4m3", 1.75, 0.875)]   # 7/8 of 2^-8 and of 2^-9
+[7.0, 3.5]
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ import math
 
 from hypothesis import strategies as st
 
-from conformance.lockstep.workload import WorkloadConfig
+from conformance.lockstep.workload import SCALE_MANTISSA, WorkloadConfig
 from spec.attention import PLAIN, VARIANTS, AttentionVariant, alibi_slopes
 from spec.capabilities import Capabilities
 from spec.kv_geometry import KVGeometry
@@ -72,8 +84,20 @@ def fp8_scales(kv_dtype: str, saturates_at: float) -> tuple[float, float]:
     return scale, scale
 
 
+LAYER_STEP = 0.125
+"""How much steeper each later layer's ALiBi slopes are; sinks move by a quarter of it."""
+
+
+def drawn_scales(kv_dtype: str, k_level: float, v_level: float) -> tuple[float, float]:
+    """``(k_scale, v_scale)`` as the suite draws them: :func:`fp8_scales` of each level times
+    :data:`SCALE_MANTISSA`, so not powers of two."""
+    k, _ = fp8_scales(kv_dtype, k_level)
+    v, _ = fp8_scales(kv_dtype, v_level)
+    return k * SCALE_MANTISSA, v * SCALE_MANTISSA
+
+
 def _variant(
-    caps: Capabilities, num_heads: int, long_context: bool, spread: float
+    caps: Capabilities, num_heads: int, long_context: bool, spread: float, layer: int = 0
 ) -> st.SearchStrategy[AttentionVariant]:
     declared = caps.variants
     if not declared:
@@ -83,13 +107,13 @@ def _variant(
         return st.one_of(st.none(), values) if name in declared else st.none()
 
     windows = LONG_WINDOWS if long_context else WINDOWS
-    sinks = st.builds(
-        lambda level: tuple(spread * (level + 0.5 * (h % 3 - 1)) for h in range(num_heads)),
-        st.sampled_from(SINK_LEVELS),
+    sinks = st.sampled_from(SINK_LEVELS).map(
+        lambda level: sink_values(level, spread, num_heads, layer)
     )
     standard = alibi_slopes(num_heads)
+    steeper = 1.0 + LAYER_STEP * layer
     slopes = st.builds(
-        lambda top: tuple(top * spread * s / standard[0] for s in standard),
+        lambda top: tuple(top * spread * steeper * s / standard[0] for s in standard),
         st.sampled_from(ALIBI_STEEPEST),
     )
     varied = st.builds(
@@ -98,19 +122,54 @@ def _variant(
         maybe("softcap", st.sampled_from(SOFTCAPS).map(lambda c: c * spread)),
         maybe("sinks", sinks),
         maybe("alibi", slopes),
-        st.booleans(),
     )
     return st.one_of(st.just(PLAIN), varied)
 
 
-def _combine(
-    window: object, softcap: object, sinks: object, slopes: object, keep_sinks: bool
+def sink_values(level: float, spread: float, num_heads: int, layer: int = 0) -> tuple[float, ...]:
+    """One sink per head, each different: head ``h`` at ``level + (h % 3 - 1) / 2`` standard
+    deviations, moved by a sixteenth per three heads and by a thirty-second per layer.
+
+    >>> sink_values(1.0, 16.0, 4, layer=1)
+    (8.5, 16.5, 24.5, 9.5)
+    """
+    step = LAYER_STEP / 4
+    return tuple(
+        spread * (level + 0.5 * (h % 3 - 1) + 2 * step * (h // 3) + step * layer)
+        for h in range(num_heads)
+    )
+
+
+def feature_variant(
+    caps: Capabilities, feature: str, num_heads: int, spread: float, window: int
 ) -> AttentionVariant:
-    # ALiBi with sinks is used by no known model and depends on the bias convention (a per-row
-    # constant offset changes nothing without a sink): the suite does not combine them, and
-    # when both are drawn keeps one of the two, each as often.
-    if slopes is not None and sinks is not None:
-        sinks, slopes = (sinks, None) if keep_sinks else (None, slopes)
+    """The variant of a feature pass's first layer: the pass's variant with the one it matters
+    with (ALiBi with sinks, a window with a soft-cap) when declared; every declared variant
+    under an fp8 KV dtype. The window is ``window`` keys (a split-KV context), sinks at the
+    highest level, so that both still matter over hundreds of keys.
+
+    >>> caps = Capabilities("x", variants={"sinks", "alibi", "window"})
+    >>> sorted(feature_variant(caps, "sinks", 2, 1.0, 256).features)
+    ['alibi', 'sinks']
+    >>> sorted(feature_variant(caps, "fp8_e4m3", 2, 1.0, 256).features)
+    ['alibi', 'sinks', 'window']
+    """
+    declared = caps.variants
+    partners = {"alibi": "sinks", "sinks": "alibi", "window": "softcap", "softcap": "window"}
+    pair = {feature, partners[feature]} & declared if feature in VARIANTS else set(declared)
+    wanted = pair | ({feature} & set(VARIANTS))
+    standard = alibi_slopes(num_heads)
+    return AttentionVariant(
+        window=window if "window" in wanted else None,
+        softcap=SOFTCAPS[0] * spread if "softcap" in wanted else None,
+        sinks=sink_values(max(SINK_LEVELS), spread, num_heads) if "sinks" in wanted else None,
+        alibi_slopes=tuple(ALIBI_STEEPEST[1] * spread * x / standard[0] for x in standard)
+        if "alibi" in wanted
+        else None,
+    )
+
+
+def _combine(window: object, softcap: object, sinks: object, slopes: object) -> AttentionVariant:
     return AttentionVariant(window, softcap, sinks, slopes)  # type: ignore[arg-type]
 
 
@@ -122,8 +181,9 @@ def layer_variants(
     score_spread: float = 1.0,
 ) -> st.SearchStrategy[tuple[AttentionVariant, ...]]:
     """One variant per layer, from the declared variants (all plain when none is declared)."""
-    one = _variant(caps, num_heads, long_context, score_spread)
-    return st.tuples(*(one for _ in range(num_layers)))
+    return st.tuples(
+        *(_variant(caps, num_heads, long_context, score_spread, i) for i in range(num_layers))
+    )
 
 
 _Quantization = tuple[str | None, tuple[tuple[float, float], ...]]
@@ -134,12 +194,24 @@ def kv_quantization(caps: Capabilities, num_layers: int) -> st.SearchStrategy[_Q
     if not caps.kv_dtypes:
         return st.just((None, ()))
 
-    def quantized(kv_dtype: str, levels: tuple[float, ...]) -> _Quantization:
-        return kv_dtype, tuple(fp8_scales(kv_dtype, x) for x in levels)
+    def quantized(kv_dtype: str, levels: tuple[tuple[float, float], ...]) -> _Quantization:
+        return kv_dtype, tuple(drawn_scales(kv_dtype, k, v) for k, v in levels)
 
-    levels = st.tuples(*(st.sampled_from(FP8_SATURATION) for _ in range(num_layers)))
+    levels = st.tuples(*(st.sampled_from(_LEVEL_PAIRS) for _ in range(num_layers)))
     fp8 = st.builds(quantized, st.sampled_from(sorted(caps.kv_dtypes)), levels)
     return st.one_of(st.just((None, ())), fp8)
+
+
+_LEVEL_PAIRS = [(k, v) for k in FP8_SATURATION for v in FP8_SATURATION if k != v]  # K != V
+
+
+def fp8_layer_scales(
+    kv_dtype: str, num_layers: int
+) -> st.SearchStrategy[tuple[tuple[float, float], ...]]:
+    """Each layer's ``(k_scale, v_scale)`` for a cache of ``kv_dtype``, as :func:`kv_quantization`
+    draws them."""
+    one = st.sampled_from(_LEVEL_PAIRS).map(lambda kv: drawn_scales(kv_dtype, *kv))
+    return st.tuples(*(one for _ in range(num_layers)))
 
 
 def describe(variant: AttentionVariant) -> str:

@@ -53,6 +53,40 @@ PAD_VALUE = 1000.0
 INT32_ELEMENTS = 2**31
 """Element offsets at or past this overflow a signed 32-bit integer."""
 
+SCALE_MANTISSA = 0.875
+"""Drawn fp8 scales are this times a power of two: 7 is the odd factor whose float32 reciprocal
+errs enough that multiplying by it rounds fp8 ties the other way (in both formats)."""
+TIES = {"fp8_e4m3": (1.8125, 1.5625), "fp8_e5m2": (1.625,)}
+"""Quotients that are fp8 rounding ties below an even neighbour: ``x / s`` rounds them down (to
+even), ``x * (1 / s)`` in float32 lands just above them and rounds up (``s`` 7/8 of a power of
+two)."""
+
+
+def tie_values(kv_dtype: str, scale: float) -> tuple[float, ...]:
+    """Values ``x`` exact in every activation dtype whose quotient ``x / scale`` is an fp8
+    rounding tie (see :data:`TIES`), at three magnitudes.
+
+    >>> from spec.quant import quantize
+    >>> x = tie_values("fp8_e4m3", 7 / 2**11)
+    >>> quantize(np.array(x[:1]), 7 / 2**11, "fp8_e4m3").tolist()    # 1.8125: to even, 1.75
+    [1.75]
+    """
+    return tuple(m * 2**e * scale for m in TIES[kv_dtype] for e in range(3))
+
+
+POISONS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf}
+"""What a poisoned example fills every slot no live token owns with (see
+:meth:`~conformance.lockstep.driver.Lockstep.poison_unowned`): a kernel that reads such a
+slot, even to multiply it by a zero weight, gets a non-finite output."""
+
+
+def poison_rows(config: WorkloadConfig, count: int) -> F64:
+    """``count`` rows ``[count, H_kv, D]`` of the example's poison value."""
+    g = config.geometry
+    assert config.poison is not None
+    return np.full((count, g.num_kv_heads, g.head_dim), POISONS[config.poison])
+
+
 _Q, _BACKGROUND, _PAD, _GUARD = 1, 2, 3, 4  # stream tags: no two uses share a random stream
 
 
@@ -69,6 +103,7 @@ class WorkloadConfig:
     variants: tuple[AttentionVariant, ...] = ()  # per layer; () means plain attention everywhere
     block_base: int = 0  # the backend sees spec block b as block_base + b (a large pool)
     group_windows: tuple[int | None, ...] = ()  # per KV cache group: None full, w a window
+    poison: str | None = None  # what slots no live token owns hold: None (finite), or POISONS
 
     def __post_init__(self) -> None:
         if self.num_heads % self.geometry.num_kv_heads:
@@ -86,6 +121,8 @@ class WorkloadConfig:
             raise ValueError(f"block_base must be >= 0, got {self.block_base}")
         if self.group_windows:
             self._check_group_windows()
+        if self.poison is not None and self.poison not in POISONS:
+            raise ValueError(f"poison must be one of {list(POISONS)} or None, got {self.poison!r}")
 
     def variant(self, layer: int) -> AttentionVariant:
         """The attention variant of ``layer`` (plain unless the workload draws one)."""
@@ -202,8 +239,23 @@ class TokenKV:
                 (2, g.num_kv_heads, g.head_dim)
             )
             both = round_to(raw, g.dtype)
+            if g.kv_dtype is not None:
+                _place_ties(both, g.kv_dtype, g.kv_scales[layer], word)
             self._memo[key] = (both[0], both[1])
         return self._memo[key]
+
+
+def _place_ties(both: F64, kv_dtype: str, scales: tuple[float, float], word: int) -> None:
+    """Put one value of :func:`tie_values` (of the K or V scale) into each head of a token's K and
+    V, at an element and sign chosen by ``word``: every token then has a quotient that a
+    quantizer rounds right only by dividing, exactly as the spec does."""
+    heads, dim = both.shape[1], both.shape[2]
+    for which in range(2):
+        ties = tie_values(kv_dtype, scales[which])
+        for h in range(heads):
+            bits = word >> (8 * (2 * h + which) % 56)
+            sign = -1.0 if bits & 1 else 1.0
+            both[which, h, (bits >> 1) % dim] = sign * ties[(bits >> 4) % len(ties)]
 
 
 class SequenceTruth:

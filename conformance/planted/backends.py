@@ -19,15 +19,21 @@ from conformance.judges.dtypes import round_to
 from conformance.lockstep.numpy_backend import F32, Ints, NumpyPagedBackend
 from conformance.planted.groups import PLANTED_GROUPS
 from conformance.planted.variants import (
+    AlibiFromKeyZero,
     AlibiSignFlipped,
+    CausalOffByOne,
     Fp8NoSaturation,
     Fp8ScaleIgnored,
     Fp8ScaleTwice,
+    KVScalesSwapped,
+    QuantizesByReciprocal,
     SinkNotInDenominator,
     SoftcapAfterExp,
     SoftcapUnscaled,
     WindowOffByOne,
 )
+from spec.attention import AttentionVariant
+from spec.backend import FloatArray
 from spec.batch import BatchMetadata
 from spec.block_manager import cdiv
 
@@ -112,6 +118,15 @@ class ReadsPastSeqLen(NumpyPagedBackend):
         if positions.size == 1:
             return np.ones((1, num_keys), dtype=np.bool_)
         return super()._visible(positions, num_keys, seq_len)
+
+
+class MasksByZeroWeight(NumpyPagedBackend):
+    """Loads the whole last block, masks the scores past ``seq_len``, and multiplies those
+    slots' V by their zero weights: exact while unowned slots hold finite values, NaN once
+    one holds NaN or an infinity (``0 * inf``), as freed memory on a GPU may."""
+
+    def _num_keys(self, seq_len: int) -> int:
+        return cdiv(seq_len, self._geo().block_size) * self._geo().block_size
 
 
 class SoftmaxWithoutMax(NumpyPagedBackend):
@@ -215,6 +230,80 @@ class Int32Offsets(NumpyPagedBackend):
         return wrapped.astype(np.int64)
 
 
+class Int32OffsetsInCachedContext(NumpyPagedBackend):
+    """Element offsets wrap in int32 only in the loop over a prefill chunk's cached context
+    (the keys before the chunk: an earlier chunk or a prefix hit), as a kernel whose
+    context loop computes ``block * stride`` in 32 bits while its new-token loop does not.
+
+    Exact on pools under 2^31 elements, and on a large pool whose prompts are prefilled
+    whole from position 0: only a chunk after cached context in the far blocks shows it.
+    """
+
+    _context = 0  # positions before this one are the current sequence's cached context
+
+    def _query_positions(self, seq_len: int, query_len: int) -> Ints:
+        self._context = seq_len - query_len if query_len > 1 else 0
+        return super()._query_positions(seq_len, query_len)
+
+    def _gather(
+        self, layer: int, table: Sequence[int], seq_len: int, first: int = 0
+    ) -> tuple[F32, F32]:
+        k, v = super()._gather(layer, table, seq_len, first)
+        cached = np.arange(first, min(self._context, k.shape[0]))
+        if cached.size == 0:
+            return k, v
+        g = self._geo()
+        row = g.num_kv_heads * g.head_dim
+        entry, offset = np.divmod(cached, g.block_size)
+        blocks = np.asarray(table, dtype=np.int64)[entry]
+        per_block = np.int32(g.block_size * row)
+        with np.errstate(over="ignore"):
+            wrapped = (blocks.astype(np.int32) * per_block).astype(np.int64)
+        index = (wrapped + offset * row)[:, None] + np.arange(row)
+        shape = (cached.size, g.num_kv_heads, g.head_dim)
+        for cache, out, which in ((self._k[layer], k, 0), (self._v[layer], v, 1)):
+            got = cache.reshape(-1)[index % cache.size].reshape(shape).astype(np.float32)
+            if g.kv_dtype is not None:
+                got = self._dequantize(got, self._kv_scale(layer, which))
+            out[cached] = got
+        return k, v
+
+
+class SinksWrongOnSplitKV(NumpyPagedBackend):
+    """The split-KV decode path counts the sink once per split (two here) when it merges the
+    splits' partial softmaxes; the single pass and prefill are right.
+
+    A decode-only call whose longest visible context reaches 256 keys takes the
+    split path, as the project's Triton kernel does on the CPU: only a layer with
+    sinks decoding a long context shows it.
+    """
+
+    _split = False
+
+    def attention(
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
+    ) -> FloatArray:
+        window = None if variant is None else variant.window
+        longest = max((n if window is None else min(n, window) for n in batch.seq_lens), default=0)
+        self._split = batch.is_decode_only and longest >= 256
+        return super().attention(layer, query, batch, scale, variant=variant)
+
+    def _sink_softmax(self, scores: F32, sink: float) -> F32:
+        if not self._split:
+            return super()._sink_softmax(scores, sink)
+        s = np.float32(sink)
+        top = np.maximum(scores.max(axis=-1, keepdims=True), s)
+        weights = np.exp(scores - top)
+        out: F32 = weights / (weights.sum(axis=-1, keepdims=True) + 2 * np.exp(s - top))
+        return out
+
+
 class RoundsTowardZero(NumpyPagedBackend):
     """The output is converted to fp16 or bf16 by truncation (toward zero), not to nearest.
 
@@ -266,6 +355,7 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "causal mask wrong for a prefill chunk that starts mid-sequence": ChunkMaskFromZero,
     "last partial block ignored": IgnoresPartialBlock,
     "stale data read past seq_len": ReadsPastSeqLen,
+    "masked slots' V multiplied by a zero weight (NaN with poisoned memory)": MasksByZeroWeight,
     "softmax without max subtraction (overflows in fp16)": SoftmaxWithoutMax,
     "wrong scale": IgnoresScale,
     "online softmax over 64-key tiles without rescaling the accumulator": OnlineSoftmaxNoRescale,
@@ -275,6 +365,8 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "wrong only at GQA ratio 3 (heads padded to 4)": WrongAtGqaRatio3,
     "element offsets computed in int32 (wrap past 2^31)": Int32Offsets,
     "output rounded toward zero": RoundsTowardZero,
+    "int32 offsets only in the cached-context loop": Int32OffsetsInCachedContext,
+    "sinks counted once per split on the split-KV decode path": SinksWrongOnSplitKV,
     "P @ V accumulated in fp16": Fp16Accumulation,
     "sliding window edge off by one (w + 1 keys)": WindowOffByOne,
     "soft-cap applied to the unscaled scores": SoftcapUnscaled,
@@ -284,6 +376,10 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "fp8 KV scale applied twice": Fp8ScaleTwice,
     "fp8 KV scale not applied": Fp8ScaleIgnored,
     "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
+    "causal mask off by one (a prefill query sees the next token)": CausalOffByOne,
+    "fp8 K and V scales swapped in attention": KVScalesSwapped,
+    "fp8 KV write multiplies by the reciprocal of the scale": QuantizesByReciprocal,
+    "ALiBi measured from key 0 (only a sink shows it)": AlibiFromKeyZero,
     **PLANTED_GROUPS,
 }
 """Each planted bug, by the bug class it stands for."""

@@ -88,3 +88,46 @@ class Fp8NoSaturation(NumpyPagedBackend):
 
     def _saturate(self, x: F32, kv_dtype: str) -> F32:
         return x
+
+
+class CausalOffByOne(NumpyPagedBackend):
+    """The causal mask keeps ``k <= p + 1``: a prefill query sees the next token too."""
+
+    def _visible(self, positions: Ints, num_keys: int, seq_len: int) -> NDArray[np.bool_]:
+        mask: NDArray[np.bool_] = np.arange(num_keys)[None, :] <= positions[:, None] + 1
+        return mask
+
+
+class KVScalesSwapped(NumpyPagedBackend):
+    """Attention dequantizes K with the V scale and V with the K scale (both written right)."""
+
+    def _kv_scale(self, layer: int, which: int) -> float:
+        return super()._kv_scale(layer, 1 - which)
+
+
+class QuantizesByReciprocal(NumpyPagedBackend):
+    """The KV write multiplies by ``1 / scale`` (float32) instead of dividing by the scale.
+
+    The same whenever the scale is a power of two; otherwise the float32
+    product lands a bit off some exact quotients, and an fp8 tie then rounds
+    the other way.
+    """
+
+    def _store(self, rows: NDArray[np.floating], layer: int, which: int) -> NDArray[np.floating]:
+        g = self._geo()
+        if g.kv_dtype is None:
+            return super()._store(rows, layer, which)
+        inverse = np.float32(1.0) / np.float32(g.kv_scales[layer][which])
+        product = np.asarray(rows, dtype=np.float32) * inverse
+        return self._fp8_round(self._saturate(product, g.kv_dtype), g.kv_dtype)
+
+
+class AlibiFromKeyZero(NumpyPagedBackend):
+    """ALiBi adds ``slope * k`` (measured from key 0), not ``slope * (k - p)``.
+
+    A constant per query row, which softmax cancels: exact until a sink joins
+    the row, whose logit carries no bias.
+    """
+
+    def _alibi(self, scores: F32, positions: Ints, slope: float) -> F32:
+        return super()._alibi(scores, np.zeros_like(positions), slope)

@@ -46,8 +46,12 @@ def reproduce_command(result: RunResult) -> str:
 def text_report(result: RunResult) -> str:
     """The summary a person reads: verdict, what ran, what was skipped, and any difference."""
     s = result.stats
+    first, *rest = summary_lines(result)
     lines = [
-        *summary_lines(result),
+        first,
+        *headline(result),
+        *rest,
+        *_drawn_lines(result),
         "  rules exercised:",
         *(f"    {count:7d}  {name}" for name, count in sorted(s.rules.items())),
         "  invariants checked:",
@@ -65,6 +69,28 @@ def text_report(result: RunResult) -> str:
             lines += ["", _workload_header(result), replay_script(result)]
         lines.append(f"reproduce the run: {reproduce_command(result)}")
     return "\n".join(lines)
+
+
+def headline(result: RunResult) -> list[str]:
+    """The first difference, right under the verdict: where, and the named mistake that
+    reproduces it (:mod:`conformance.judges.hypotheses`) when one does."""
+    diff = result.difference
+    if diff is None:
+        return []
+    first = diff.describe().splitlines()[0]
+    named = [f"  {line.strip()}" for line in (diff.diagnosis or "").splitlines()[:1]]
+    return [f"  first difference: {first}", *named]
+
+
+def _drawn_lines(result: RunResult) -> list[str]:
+    """The attention variants and KV dtypes the run's examples drew, with how many examples."""
+    drawn = result.stats.drawn
+    if not drawn:
+        return []
+    return [
+        "  drawn variants and dtypes (examples): "
+        + ", ".join(f"{name} {n}" for name, n in sorted(drawn.items()))
+    ]
 
 
 def _coverage_lines(result: RunResult) -> list[str]:
@@ -228,6 +254,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "envelope": result.envelope,
         "passes": [{"pass": name, "examples": count} for name, count in result.passes],
         "drawn": list(result.notes),
+        "drawn_features": dict(sorted(s.drawn.items())),
         "coverage": s.coverage.to_json(),
         "numerics_margins": {
             "step_excess": dict(sorted(s.margins.step.items())),

@@ -1,0 +1,146 @@
+"""Feature x kernel path pairs: which ones matter, which a call reached, and why one cannot be.
+
+A feature meets a kernel path only if some attention call combines them: a
+layer with sinks on the split-KV decode path, say, where a kernel merges
+partial softmaxes and may count the sink once per split. Left to chance, a
+quick run never draws some pairs, so the suite constructs them: the feature
+passes, the large pool and the KV cache groups open with a sequence long
+enough to be split and a prompt that joins its decodes
+(:meth:`~conformance.lockstep.machine.LockstepMachine.start`), and the
+:class:`~conformance.judges.coverage.Coverage` of the run lists the pairs
+reached and any that could not be, with why.
+
+The paths are what the suite can provoke (:data:`PATHS`), whatever the
+backend calls them; a backend's own ``attention_path()`` names are listed
+beside them. A decode whose longest visible context reaches
+:func:`split_keys` (256 keys on the CPU envelope, where the project's
+Triton kernel splits; 1024 on a device) is a split-KV decode.
+
+>>> from spec.backend import Capabilities
+>>> wanted, why = planned_pairs(Capabilities("x", variants={"sinks", "alibi"}), "cpu")
+>>> [f for f, p in wanted if p == "split-KV decode"]
+['alibi', 'sinks', 'alibi+sinks', 'large pool']
+>>> _, why = planned_pairs(Capabilities("x", kv_groups=True, mixed_batches=False), "cpu")
+>>> why[("KV cache groups", "mixed")]
+'mixed_batches is False (decodes and chunks run as separate calls)'
+"""
+
+from __future__ import annotations
+
+from spec.attention import VARIANTS, AttentionVariant
+from spec.backend import Capabilities
+from spec.batch import BatchMetadata
+
+PATHS = ("single-pass decode", "split-KV decode", "prefill", "mixed")
+"""The kernel paths the suite provokes: decodes short and long, prefill chunks, and both."""
+COMBINED = (("alibi", "sinks"), ("softcap", "window"))
+"""Variants that matter together: an ALiBi origin only a sink shows; a window edge under a cap."""
+CACHED = "cached context"
+"""A prefill chunk after tokens already in the cache (an earlier chunk or a prefix hit)."""
+LARGE = "large pool"
+GROUPS = "KV cache groups"
+
+Pair = tuple[str, str]
+
+
+def split_keys(device: str) -> int:
+    """The visible context from which a decode counts as split-KV on envelope ``device``."""
+    return 256 if device == "cpu" else 1024
+
+
+def call_path(batch: BatchMetadata, window: int | None, split_at: int) -> str:
+    """The path of one attention call: its mix of decodes and prefill chunks, and for a
+    decode-only call whether its longest visible context reaches ``split_at`` keys.
+
+    >>> from spec.batch import BatchMetadata
+    >>> b = BatchMetadata(16, (0,), (0, 1), (300,), ((0,) * 19,), (0,), (299,))
+    >>> call_path(b, None, 256), call_path(b, 64, 256)
+    ('split-KV decode', 'single-pass decode')
+    """
+    decodes = sum(batch.query_len(i) == 1 for i in range(batch.num_seqs))
+    if decodes == batch.num_seqs:
+        longest = max((n if window is None else min(n, window) for n in batch.seq_lens), default=0)
+        return PATHS[1] if longest >= split_at else PATHS[0]
+    return PATHS[2] if decodes == 0 else PATHS[3]
+
+
+def call_features(
+    variant: AttentionVariant,
+    kv_dtype: str | None,
+    batch: BatchMetadata,
+    *,
+    grouped: bool,
+    large: bool,
+) -> set[str]:
+    """The features one layer's attention call combines (:func:`feature_names` names them)."""
+    names = set(variant.features)
+    names |= {f"{a}+{b}" for a, b in COMBINED if a in names and b in names}
+    if kv_dtype is not None:
+        names |= {kv_dtype, *(f"fp8+{v}" for v in variant.features)}
+    if grouped:
+        names.add(GROUPS)
+    cached = any(
+        batch.query_len(i) > 1 and batch.seq_lens[i] > batch.query_len(i)
+        for i in range(batch.num_seqs)
+    )
+    if large:
+        names.add(LARGE)
+    if cached:
+        names.add(CACHED)
+        if large:
+            names.add(f"{LARGE}+{CACHED}")
+    return names
+
+
+def feature_names(caps: Capabilities) -> list[str]:
+    """The features whose pairs matter for a backend with ``caps``, in report order."""
+    variants = [v for v in VARIANTS if v in caps.variants]
+    names = sorted(variants)
+    names += [f"{a}+{b}" for a, b in COMBINED if a in variants and b in variants]
+    names += sorted(caps.kv_dtypes)
+    if caps.kv_dtypes:
+        names += [f"fp8+{v}" for v in sorted(variants)]
+    if caps.kv_groups:
+        names.append(GROUPS)
+    return [*names, LARGE]
+
+
+def planned_pairs(caps: Capabilities, device: str) -> tuple[list[Pair], dict[Pair, str]]:
+    """The pairs that matter, and for those the backend's capabilities rule out, why.
+
+    Every feature with every path; a chunk after cached context (and in the
+    large pool) with the prefill and mixed paths only (a decode always reads
+    cached context).
+    """
+    wanted = [(f, p) for f in feature_names(caps) for p in PATHS]
+    wanted += [(CACHED, PATHS[2]), (CACHED, PATHS[3]), (f"{LARGE}+{CACHED}", PATHS[2])]
+    split = split_keys(device)
+    why: dict[Pair, str] = {}
+    for feature, path in wanted:
+        reason = _path_reason(caps, path, split) or _feature_reason(caps, feature, path)
+        if reason:
+            why[(feature, path)] = reason
+    return wanted, why
+
+
+def _path_reason(caps: Capabilities, path: str, split: int) -> str | None:
+    if path in PATHS[:2] and not caps.decode:
+        return "capabilities.decode is False"
+    if path in PATHS[2:] and caps.max_query_len == 1:
+        return "max_query_len is 1 (decode-only)"
+    if path == PATHS[3] and not caps.mixed_batches:
+        return "mixed_batches is False (decodes and chunks run as separate calls)"
+    if path == PATHS[1] and caps.max_context_len is not None and caps.max_context_len <= split:
+        return f"max_context_len {caps.max_context_len} is below a split-KV context ({split} keys)"
+    return None
+
+
+def _feature_reason(caps: Capabilities, feature: str, path: str) -> str | None:
+    if CACHED in feature and not caps.chunked_prefill:
+        return "chunked_prefill is False: a chunk after cached context is not attended"
+    if feature == GROUPS and path == PATHS[1]:
+        return (
+            "the groups pass's shared pool holds a short example's blocks per group, fewer "
+            "tokens than a split-KV context"
+        )
+    return None
