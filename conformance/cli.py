@@ -1,8 +1,12 @@
 """``python -m conformance``: run the suite on a backend or a scheduler, list backends, self-test.
 
 Exit status: 0 the backend conforms (or every planted bug was caught); 1 a
-conformance failure; 2 a usage or setup error, with a message saying what to fix;
-130 the user pressed Ctrl-C. ``run`` runs the backend in a child process
+conformance failure; 2 a usage or setup error, with a message saying what to fix
+(an unwritable report path among them, found before the run); 3 a partial run:
+no failure, but the time budget cut it short (0 with ``--budget-passes``); 130
+the user pressed Ctrl-C or sent SIGTERM. Every report path is checked and
+marked incomplete before the run (:mod:`conformance.reports.files`), and
+written atomically after it. ``run`` runs the backend in a child process
 (:mod:`conformance.run.isolation`), so that a crash or a hang is reported like any
 other failure; ``--in-process`` runs it here instead (for a debugger).
 """
@@ -15,10 +19,11 @@ import random
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from conformance.errors import SetupError
 from conformance.planted.selftest import selftest
+from conformance.reports.files import prepare
 from conformance.reports.report import text_report, write_json, write_junit
 from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
@@ -31,45 +36,76 @@ from conformance.run.control import (
 from conformance.run.discovery import installed_backends, load_backend
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
+from conformance.run.terminate import sigterm_as_sigint
 from conformance.scheduler.suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
 from conformance.scheduler.suite import PROFILES as SCHEDULER_PROFILES
 from conformance.scheduler.suite import load_scheduler, run_scheduler_suite
 from spec.backend import DTYPES
 
-OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+OK, FAILED, USAGE, PARTIAL, INTERRUPTED = 0, 1, 2, 3, 130
 _T = TypeVar("_T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "list":
-            return _list()
-        if args.command == "scheduler":
-            return _scheduler(args)
-        if args.command == "vectors":
-            return _vectors(args)
-        return OK if selftest() else FAILED
+        with sigterm_as_sigint():
+            return _command(args)
     except SetupError as err:
         print(f"conformance: setup error: {err}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
-        print("conformance: interrupted (Ctrl-C)", file=sys.stderr)
+        print("conformance: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
         return INTERRUPTED
 
 
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        return _run(args)
+    if args.command == "list":
+        return _list()
+    if args.command == "scheduler":
+        return _scheduler(args)
+    if args.command == "vectors":
+        return _vectors(args)
+    return OK if selftest() else FAILED
+
+
 def _run(args: argparse.Namespace) -> int:
-    result = _lockstep(args, _control(args))
+    control = _control(args)
+    _prepare_reports(args, "conformance run")
+    result = _lockstep(args, control)
     print(text_report(result))
-    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
+    return _write_reports(args, result, _status(result, args.budget_passes), write_json, write_junit)
+
+
+def _prepare_reports(args: argparse.Namespace, command: str) -> None:
+    """Before the run: every report path writable, and marked incomplete (or exit 2 now)."""
+    prepare([Path(p) for p in (args.report, args.junit) if p], command)
+
+
+def _write_reports(
+    args: argparse.Namespace,
+    result: Any,
+    status: int,
+    json_writer: Callable[[Any, Path], None],
+    junit_writer: Callable[[Any, Path], None],
+) -> int:
+    """Write the reports asked for; ``status``, or 2 for a pass whose report could not be written.
+
+    The paths were checked before the run, so a failure here is rare (a full
+    disk, a folder removed meanwhile): it is said on standard error, and a
+    failure's or an interruption's status is kept (the placeholder left at the
+    path says the run is incomplete).
+    """
+    for path, writer in ((args.report, json_writer), (args.junit, junit_writer)):
         if path:
             try:
                 writer(result, Path(path))
             except OSError as err:
-                raise SetupError(f"cannot write the report {path}: {err}") from err
-    return _status(result)
+                print(f"conformance: cannot write the report {path}: {err}", file=sys.stderr)
+                status = USAGE if status in (OK, PARTIAL) else status
+    return status
 
 
 def _control(args: argparse.Namespace) -> RunControl:
@@ -115,10 +151,13 @@ def _progress(line: str) -> None:
     print(f"  ... {line}", file=sys.stderr, flush=True)
 
 
-def _status(result: RunResult) -> int:
+def _status(result: RunResult, budget_passes: bool = False) -> int:
+    """130 interrupted, 1 failed, 3 cut short by the time budget (0 if it counts), else 0."""
     if result.interrupted:
         return INTERRUPTED
-    return OK if result.passed else FAILED
+    if not result.passed:
+        return FAILED
+    return PARTIAL if result.stopped and not budget_passes else OK
 
 
 def _scheduler(args: argparse.Namespace) -> int:
@@ -157,15 +196,10 @@ def _vectors(args: argparse.Namespace) -> int:
         return OK
     from conformance.vectors.check import check_vectors
 
+    _prepare_reports(args, "conformance vectors check")
     result = check_vectors(load_backend(args.backend), args.backend, Path(args.dir))
     print(text_report(result))
-    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
-        if path:
-            try:
-                writer(result, Path(path))
-            except OSError as err:
-                raise SetupError(f"cannot write the report {path}: {err}") from err
-    return _status(result)
+    return _write_reports(args, result, _status(result), write_json, write_junit)
 
 
 def _list() -> int:
@@ -221,7 +255,14 @@ def _parser() -> argparse.ArgumentParser:
         "--time-budget",
         type=_argtype(seconds),
         metavar="SECONDS",
-        help="stop drawing new examples after this long; the verdict then says so",
+        help="stop drawing new examples after this long; the verdict then says PARTIAL, and "
+        "the exit status is 3",
+    )
+    run.add_argument(
+        "--budget-passes",
+        action="store_true",
+        help="a run the time budget cut short, with no failure, exits 0 (its reports still "
+        "say PARTIAL)",
     )
     run.add_argument(
         "--no-shrink", action="store_true", help="report a failing workload as found (faster)"

@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from conformance.reports.files import write_atomic
 from conformance.reports.replay import portable_ref
 from conformance.scheduler.engine import EQUIVALENCE
 from conformance.scheduler.suite import PROFILES, SchedulerRunResult
@@ -170,8 +171,8 @@ def json_report(result: SchedulerRunResult) -> dict[str, Any]:
 
 
 def write_json(result: SchedulerRunResult, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_report(result), indent=2) + "\n")
+    """The JSON report, written atomically (:func:`conformance.reports.files.write_atomic`)."""
+    write_atomic(path, json.dumps(json_report(result), indent=2) + "\n")
 
 
 def write_junit(result: SchedulerRunResult, path: Path) -> None:
@@ -202,5 +203,4 @@ def write_junit(result: SchedulerRunResult, path: Path) -> None:
             element.text = text_report(result)
         elif name == EQUIVALENCE and result.skipped:
             ET.SubElement(case, "skipped", message=result.skipped[0])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+    write_atomic(path, ET.tostring(suite, encoding="unicode", xml_declaration=True))
