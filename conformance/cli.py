@@ -37,9 +37,10 @@ from conformance.run.discovery import installed_backends, load_backend
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
 from conformance.run.terminate import sigterm_as_sigint
+from conformance.scheduler.isolation import SchedulerRequest, run_scheduler_isolated
 from conformance.scheduler.suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
 from conformance.scheduler.suite import PROFILES as SCHEDULER_PROFILES
-from conformance.scheduler.suite import load_scheduler, run_scheduler_suite
+from conformance.scheduler.suite import SchedulerRunResult, load_scheduler, run_scheduler_suite
 from spec.backend import DTYPES
 
 OK, FAILED, USAGE, PARTIAL, INTERRUPTED = 0, 1, 2, 3, 130
@@ -76,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
     _prepare_reports(args, "conformance run")
     result = _lockstep(args, control)
     print(text_report(result))
-    return _write_reports(args, result, _status(result, args.budget_passes), write_json, write_junit)
+    status = _status(result, args.budget_passes)
+    return _write_reports(args, result, status, write_json, write_junit)
 
 
 def _prepare_reports(args: argparse.Namespace, command: str) -> None:
@@ -151,7 +153,7 @@ def _progress(line: str) -> None:
     print(f"  ... {line}", file=sys.stderr, flush=True)
 
 
-def _status(result: RunResult, budget_passes: bool = False) -> int:
+def _status(result: RunResult | SchedulerRunResult, budget_passes: bool = False) -> int:
     """130 interrupted, 1 failed, 3 cut short by the time budget (0 if it counts), else 0."""
     if result.interrupted:
         return INTERRUPTED
@@ -161,27 +163,43 @@ def _status(result: RunResult, budget_passes: bool = False) -> int:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    """The scheduler suite: invariants and token-exact equivalence (conformance.scheduler.suite)."""
+    """The scheduler suite: invariants and token-exact equivalence (conformance.scheduler.suite).
+
+    In a child process (:mod:`conformance.scheduler.isolation`), unless ``--in-process``.
+    """
     from conformance.scheduler import report
 
-    result = run_scheduler_suite(
-        load_scheduler(args.scheduler),
-        args.scheduler,
-        profile=args.profile,
-        run_seed=args.seed,
-        database=None if args.no_database else SCHEDULER_DATABASE_DIR,
-        max_examples=args.max_examples,
-        shrink=not args.no_shrink,
-        progress=_progress,
-    )
+    _prepare_reports(args, "conformance scheduler")
+    database = None if args.no_database else SCHEDULER_DATABASE_DIR
+    timeout = args.call_timeout or None
+    if args.in_process or os.name != "posix":
+        result = run_scheduler_suite(
+            load_scheduler(args.scheduler),
+            args.scheduler,
+            profile=args.profile,
+            run_seed=args.seed,
+            database=database,
+            max_examples=args.max_examples,
+            shrink=not args.no_shrink,
+            progress=_progress,
+            call_timeout_s=timeout,
+            time_budget_s=args.time_budget,
+        )
+    else:
+        request = SchedulerRequest(
+            scheduler=args.scheduler,
+            profile=args.profile,
+            seed=random.randrange(2**32) if args.seed is None else args.seed,
+            database=database_arg(database),
+            max_examples=args.max_examples,
+            shrink=not args.no_shrink,
+            call_timeout_s=timeout,
+            time_budget_s=args.time_budget,
+        )
+        result = run_scheduler_isolated(request, _progress)
     print(report.text_report(result))
-    for path, writer in ((args.report, report.write_json), (args.junit, report.write_junit)):
-        if path:
-            try:
-                writer(result, Path(path))
-            except OSError as err:
-                raise SetupError(f"cannot write the report {path}: {err}") from err
-    return OK if result.passed else FAILED
+    status = _status(result, args.budget_passes)
+    return _write_reports(args, result, status, report.write_json, report.write_junit)
 
 
 def _vectors(args: argparse.Namespace) -> int:
@@ -258,12 +276,7 @@ def _parser() -> argparse.ArgumentParser:
         help="stop drawing new examples after this long; the verdict then says PARTIAL, and "
         "the exit status is 3",
     )
-    run.add_argument(
-        "--budget-passes",
-        action="store_true",
-        help="a run the time budget cut short, with no failure, exits 0 (its reports still "
-        "say PARTIAL)",
-    )
+    run.add_argument("--budget-passes", action="store_true", help=_BUDGET_PASSES)
     run.add_argument(
         "--no-shrink", action="store_true", help="report a failing workload as found (faster)"
     )
@@ -334,6 +347,37 @@ def _vectors_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")
 
 
+_BUDGET_PASSES = (
+    "a run the time budget cut short, with no failure, exits 0 (its reports still say PARTIAL)"
+)
+
+
+def _bounding_options(cmd: argparse.ArgumentParser, party: str) -> None:
+    """The scheduler suite's time budget, per-call timeout and isolation options (as run's)."""
+    cmd.add_argument(
+        "--time-budget",
+        type=_argtype(seconds),
+        metavar="SECONDS",
+        help="stop drawing new workloads after this long; the verdict then says PARTIAL, and "
+        "the exit status is 3",
+    )
+    cmd.add_argument("--budget-passes", action="store_true", help=_BUDGET_PASSES)
+    cmd.add_argument(
+        "--call-timeout",
+        type=_argtype(timeout_seconds),
+        default=DEFAULT_CALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"a {party} call taking longer is a hang (default {DEFAULT_CALL_TIMEOUT_S:g}; "
+        "0: no limit)",
+    )
+    cmd.add_argument(
+        "--in-process",
+        action="store_true",
+        help=f"run the {party} in this process (for a debugger): a crash or a native hang then "
+        "takes the run down with it",
+    )
+
+
 def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = sub.add_parser("scheduler", help="run the scheduler suite against one scheduler")
     cmd.add_argument(
@@ -353,6 +397,7 @@ def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cmd.add_argument(
         "--no-shrink", action="store_true", help="report the first failing workload unshrunk"
     )
+    _bounding_options(cmd, "scheduler")
     cmd.add_argument(
         "--no-database",
         action="store_true",

@@ -26,7 +26,6 @@ from conformance.reports.replay import portable_ref
 from conformance.run.runner import PROFILES, RunResult
 from spec.backend import Capabilities
 
-
 INTERRUPTED = "INTERRUPTED (Ctrl-C or SIGTERM)"
 """The verdict's first words for a run the user stopped (SIGTERM is handled as SIGINT)."""
 
