@@ -46,7 +46,8 @@ def watched_factory(
 class WatchedScheduler:
     """A scheduler whose protocol methods report to the watch; every other attribute is its own.
 
-    ``steps`` counts the ``step()`` calls made so far: the step a call is made at.
+    ``steps`` counts the ``step()`` calls made so far: the step a call is made at (``update``
+    belongs to the step it reports on, the one before).
     """
 
     def __init__(self, inner: Scheduler, watch: RunWatch) -> None:
@@ -58,7 +59,8 @@ class WatchedScheduler:
         value = getattr(self._inner, name)
         if name not in METHODS or not callable(value):
             return value
-        timed = _timed(self._watch, name, self.steps, value)
+        at = max(self.steps - 1, 0) if name == "update" else self.steps  # update: of the last step
+        timed = _timed(self._watch, name, at, value)
         if name != "step":
             return timed
 
