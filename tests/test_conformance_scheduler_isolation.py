@@ -1,4 +1,4 @@
-"""No scheduler can end a scheduler-suite run silently: exits, crashes, hangs, wrong types, mutation.
+"""No scheduler can end a scheduler-suite run silently: exits, crashes, hangs, types, mutation.
 
 Each misbehaving scheduler of ``tests/misbehaving_schedulers.py`` runs
 through ``python -m conformance scheduler`` (its child process) and must end
