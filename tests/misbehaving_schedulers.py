@@ -109,3 +109,14 @@ class RaisesItsOwnSeats(ContinuousScheduler):
     def __init__(self, config: SchedulerConfig) -> None:
         object.__setattr__(config, "max_num_seqs", config.max_num_seqs + 100)
         super().__init__(config)
+
+
+class ReturnsIntsFromUpdate(ContinuousScheduler):
+    def update(self, sampled: Mapping[int, int]) -> list[FinishedRequest]:
+        super().update(sampled)
+        return [5]  # type: ignore[list-item]
+
+
+class ReturnsNoneFromHasUnfinished(ContinuousScheduler):
+    def has_unfinished(self) -> bool:
+        return None  # type: ignore[return-value]

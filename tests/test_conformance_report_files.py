@@ -80,13 +80,14 @@ def _gone(pid: int, within_s: float = 5.0) -> bool:
     return False
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("command", ["run", "scheduler"])
 def test_sigterm_stops_the_run_as_ctrl_c_does_and_replaces_a_stale_pass(
-    command: str, tmp_path: Path
+    command: str, signum: int, tmp_path: Path
 ) -> None:
     report, junit = _stale(tmp_path)
     proc, hung = _start_hanging(tmp_path, command)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "INTERRUPTED (Ctrl-C or SIGTERM): no verdict" in out

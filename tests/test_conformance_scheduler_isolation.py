@@ -16,8 +16,16 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.scheduler.invariants import CALLS, CONFIG, RETURNS
+from conformance.scheduler.invariants import (
+    CALLS,
+    CONFIG,
+    RETURNS,
+    SchedulerInvariantError,
+    run_checked,
+)
 from conformance.scheduler.suite import CRASH, HANG, run_scheduler_suite
+from spec.request import Request
+from spec.scheduler import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULERS = ROOT / "tests" / "misbehaving_schedulers.py"
@@ -82,3 +90,30 @@ def test_in_process_a_hang_a_base_exception_and_a_mutated_config_are_failures() 
         RaisesItsOwnSeats, "seats", run_seed=1, database=None, max_examples=2, shrink=False
     )
     assert result.failure is not None and result.failure.rule == CONFIG
+
+
+@pytest.mark.parametrize(
+    ("name", "rule", "named"),
+    [
+        ("ReturnsNoneFromStep", RETURNS, "step() returned None (NoneType), not a SchedulerOutput"),
+        ("ReturnsIntsFromUpdate", RETURNS, "update() returned a list holding 5 (int), not a Fini"),
+        ("ReturnsNoneFromHasUnfinished", RETURNS, "has_unfinished() returned None (NoneType)"),
+        ("RaisesBaseException", CALLS, "update() raised Escapes"),
+        ("ExitsInStep", CALLS, "step() called sys.exit(0)"),
+        (
+            "RaisesItsOwnSeats",
+            CONFIG,
+            "it was built with SchedulerConfig(num_blocks=4, block_size=2,",
+        ),
+    ],
+)
+def test_the_checker_names_each_misbehaviour_at_its_step(name: str, rule: str, named: str) -> None:
+    import misbehaving_schedulers
+
+    make = getattr(misbehaving_schedulers, name)
+    config = SchedulerConfig(num_blocks=4, block_size=2)
+    requests = [Request(request_id=0, prompt=(1, 2, 3), max_new_tokens=3)]
+    with pytest.raises(SchedulerInvariantError) as caught:
+        run_checked(make, config, requests)
+    assert caught.value.rule == rule and named in str(caught.value), caught.value
+    assert config == SchedulerConfig(num_blocks=4, block_size=2)  # the caller's copy unchanged

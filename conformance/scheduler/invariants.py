@@ -60,6 +60,8 @@ from functools import partial
 from itertools import pairwise
 from typing import Protocol, TypeVar
 
+import numpy as np
+
 from conformance.run.watchdog import CallTimeout, current_watch
 from spec.block_manager import cdiv
 from spec.request import Request
@@ -271,7 +273,9 @@ class _Run:
             detail = f"{what} raised {type(e).__name__}: {e}"
             raise SchedulerInvariantError(rule, self.report.steps, detail) from e
 
-    def returned(self, value: object, want: type | tuple[type, ...], what: str) -> None:
+    def returned(
+        self, value: object, want: type | tuple[type, ...], what: str, verb: str = "returned"
+    ) -> None:
         """Check that ``what`` returned a ``want`` (the protocol's type), under :data:`RETURNS`."""
         names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
         shown = repr(value)
@@ -279,12 +283,12 @@ class _Run:
         self.check(
             isinstance(value, want),
             RETURNS,
-            f"{what} returned {shown} ({type(value).__name__}), not a {names}",
+            f"{what} {verb} {shown} ({type(value).__name__}), not a {names}",
         )
 
     def has_unfinished(self) -> bool:
         busy = self.call(self.sched.has_unfinished, "has_unfinished()")
-        self.returned(busy, bool, "has_unfinished()")
+        self.returned(busy, (bool, np.bool_), "has_unfinished()")
         return bool(busy)
 
     def check_config(self) -> None:
@@ -343,7 +347,7 @@ class _Run:
         finished = self.call(partial(sched.update, sampled), "update()")
         self.returned(finished, (list, tuple), "update()")
         for done in finished:
-            self.returned(done, FinishedRequest, "an element of update()'s list")
+            self.returned(done, FinishedRequest, "update()", "returned a list holding")
             self.finished(done)
         self.integrity()
         report.steps += 1
