@@ -3,5 +3,6 @@
 ``runner`` holds the profiles and :func:`run_suite`; ``control`` the run's options;
 ``isolation``, ``worker``, ``protocol`` and ``watchdog`` keep a crashing, hanging or
 exiting backend from taking the suite down with it; ``calls`` splits a step into the
-attention calls a backend accepts; ``discovery`` loads a backend by name.
+attention calls a backend accepts; ``discovery`` loads a backend by name;
+``terminate`` handles SIGTERM as SIGINT.
 """

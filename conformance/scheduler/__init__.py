@@ -2,5 +2,6 @@
 
 ``suite`` runs it; ``invariants`` checks each step; ``workloads`` draws request streams;
 ``report`` writes its reports; ``engine`` and ``model`` serve a tiny model with the
-scheduler under test.
+scheduler under test; ``watched`` reports every call into the scheduler to the run's
+watch, and ``isolation`` with ``worker`` run the suite in a child process.
 """
