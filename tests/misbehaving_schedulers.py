@@ -120,3 +120,11 @@ class ReturnsIntsFromUpdate(ContinuousScheduler):
 class ReturnsNoneFromHasUnfinished(ContinuousScheduler):
     def has_unfinished(self) -> bool:
         return None  # type: ignore[return-value]
+
+
+class ReturnsOutputWithoutBatch(ContinuousScheduler):
+    """A ``SchedulerOutput`` whose batch is not a ``BatchMetadata``: the checks cannot read it."""
+
+    def step(self) -> SchedulerOutput:
+        out = super().step()
+        return SchedulerOutput(step=out.step, batch=None, token_ids=(), samples=())  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from conformance.scheduler.invariants import (
     SchedulerInvariantError,
     run_checked,
 )
-from conformance.scheduler.suite import CRASH, HANG, run_scheduler_suite
+from conformance.scheduler.suite import CRASH, HANG, INTERNAL, run_scheduler_suite
 from spec.request import Request
 from spec.scheduler import SchedulerConfig
 
@@ -117,3 +117,19 @@ def test_the_checker_names_each_misbehaviour_at_its_step(name: str, rule: str, n
         run_checked(make, config, requests)
     assert caught.value.rule == rule and named in str(caught.value), caught.value
     assert config == SchedulerConfig(num_blocks=4, block_size=2)  # the caller's copy unchanged
+
+
+def test_an_error_the_checks_stop_with_is_a_reported_failure_not_a_traceback() -> None:
+    from misbehaving_schedulers import ReturnsOutputWithoutBatch
+
+    result = run_scheduler_suite(
+        ReturnsOutputWithoutBatch,
+        "no-batch",
+        run_seed=1,
+        database=None,
+        max_examples=2,
+        shrink=False,
+    )
+    assert result.failure is not None and result.failure.rule == INTERNAL
+    assert "the checks stopped with AttributeError" in result.failure.detail
+    assert result.kind == "internal" and result.workload is not None  # replayable
