@@ -5,8 +5,12 @@ The console script ``paged-spec`` and ``python -m conformance`` are one program;
 its usage and messages name it as it was started.
 
 Exit status: 0 the backend conforms (or every planted bug was caught); 1 a
-conformance failure; 2 a usage or setup error, with a message saying what to fix;
-130 the user pressed Ctrl-C. ``run`` runs the backend in a child process
+conformance failure; 2 a usage or setup error, with a message saying what to fix
+(an unwritable report path among them, found before the run); 3 a partial run:
+no failure, but the time budget cut it short (0 with ``--budget-passes``); 130
+the user pressed Ctrl-C or sent SIGTERM. Every report path is checked and
+marked incomplete before the run (:mod:`conformance.reports.files`), and
+written atomically after it. ``run`` runs the backend in a child process
 (:mod:`conformance.run.isolation`), so that a crash or a hang is reported like any
 other failure; ``--in-process`` runs it here instead (for a debugger).
 """
@@ -17,12 +21,13 @@ import argparse
 import os
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from conformance.errors import SetupError
 from conformance.planted.selftest import selftest
+from conformance.reports.files import prepare
 from conformance.reports.report import text_report, write_json, write_junit
 from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
@@ -38,12 +43,14 @@ from conformance.run.discovery import installed_backends, load_backend
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
 from conformance.run.shard import parse_shard
+from conformance.run.terminate import sigterm_as_sigint
+from conformance.scheduler.isolation import SchedulerRequest, run_scheduler_isolated
 from conformance.scheduler.suite import DATABASE_DIR as SCHEDULER_DATABASE_DIR
 from conformance.scheduler.suite import PROFILES as SCHEDULER_PROFILES
-from conformance.scheduler.suite import load_scheduler, run_scheduler_suite
+from conformance.scheduler.suite import SchedulerRunResult, load_scheduler, run_scheduler_suite
 from spec.kv_geometry import DTYPES
 
-OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+OK, FAILED, USAGE, PARTIAL, INTERRUPTED = 0, 1, 2, 3, 130
 _T = TypeVar("_T")
 
 
@@ -59,20 +66,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             "run's examples (in CI, say: --seed $GITHUB_RUN_ID)"
         )
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "list":
-            return _list()
-        if args.command == "scheduler":
-            return _scheduler(args)
-        if args.command == "vectors":
-            return _vectors(args)
-        return OK if selftest() else FAILED
+        with sigterm_as_sigint():
+            return _command(args)
     except SetupError as err:
         print(f"{prog}: setup error: {err}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
+        print(f"{prog}: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
         return INTERRUPTED
 
 
@@ -88,16 +88,54 @@ def program_name(argv0: str | None = None) -> str:
     return name
 
 
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        return _run(args)
+    if args.command == "list":
+        return _list()
+    if args.command == "scheduler":
+        return _scheduler(args)
+    if args.command == "vectors":
+        return _vectors(args)
+    return OK if selftest() else FAILED
+
+
 def _run(args: argparse.Namespace) -> int:
-    result = _lockstep(args, _control(args))
+    control = _control(args)
+    _prepare_reports(args, "conformance run")
+    result = _lockstep(args, control)
     print(text_report(result))
-    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
+    status = _status(result, args.budget_passes)
+    return _write_reports(args, result, status, write_json, write_junit)
+
+
+def _prepare_reports(args: argparse.Namespace, command: str) -> None:
+    """Before the run: every report path writable, and marked incomplete (or exit 2 now)."""
+    prepare([Path(p) for p in (args.report, args.junit) if p], command)
+
+
+def _write_reports(
+    args: argparse.Namespace,
+    result: Any,
+    status: int,
+    json_writer: Callable[[Any, Path], None],
+    junit_writer: Callable[[Any, Path], None],
+) -> int:
+    """Write the reports asked for; ``status``, or 2 for a pass whose report could not be written.
+
+    The paths were checked before the run, so a failure here is rare (a full
+    disk, a folder removed meanwhile): it is said on standard error, and a
+    failure's or an interruption's status is kept (the placeholder left at the
+    path says the run is incomplete).
+    """
+    for path, writer in ((args.report, json_writer), (args.junit, junit_writer)):
         if path:
             try:
                 writer(result, Path(path))
             except OSError as err:
-                raise SetupError(f"cannot write the report {path}: {err}") from err
-    return _status(result)
+                print(f"conformance: cannot write the report {path}: {err}", file=sys.stderr)
+                status = USAGE if status in (OK, PARTIAL) else status
+    return status
 
 
 def _control(args: argparse.Namespace) -> RunControl:
@@ -146,34 +184,53 @@ def _progress(line: str) -> None:
     print(f"  ... {line}", file=sys.stderr, flush=True)
 
 
-def _status(result: RunResult) -> int:
+def _status(result: RunResult | SchedulerRunResult, budget_passes: bool = False) -> int:
+    """130 interrupted, 1 failed, 3 cut short by the time budget (0 if it counts), else 0."""
     if result.interrupted:
         return INTERRUPTED
-    return OK if result.passed else FAILED
+    if not result.passed:
+        return FAILED
+    return PARTIAL if result.stopped and not budget_passes else OK
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    """The scheduler suite: invariants and token-exact equivalence (conformance.scheduler.suite)."""
+    """The scheduler suite: invariants and token-exact equivalence (conformance.scheduler.suite).
+
+    In a child process (:mod:`conformance.scheduler.isolation`), unless ``--in-process``.
+    """
     from conformance.scheduler import report
 
-    result = run_scheduler_suite(
-        load_scheduler(args.scheduler),
-        args.scheduler,
-        profile=args.profile,
-        run_seed=args.seed,
-        database=None if args.no_database else SCHEDULER_DATABASE_DIR,
-        max_examples=args.max_examples,
-        shrink=not args.no_shrink,
-        progress=_progress,
-    )
+    _prepare_reports(args, "conformance scheduler")
+    database = None if args.no_database else SCHEDULER_DATABASE_DIR
+    timeout = args.call_timeout or None
+    if args.in_process or os.name != "posix":
+        result = run_scheduler_suite(
+            load_scheduler(args.scheduler),
+            args.scheduler,
+            profile=args.profile,
+            run_seed=args.seed,
+            database=database,
+            max_examples=args.max_examples,
+            shrink=not args.no_shrink,
+            progress=_progress,
+            call_timeout_s=timeout,
+            time_budget_s=args.time_budget,
+        )
+    else:
+        request = SchedulerRequest(
+            scheduler=args.scheduler,
+            profile=args.profile,
+            seed=random.randrange(2**32) if args.seed is None else args.seed,
+            database=database_arg(database),
+            max_examples=args.max_examples,
+            shrink=not args.no_shrink,
+            call_timeout_s=timeout,
+            time_budget_s=args.time_budget,
+        )
+        result = run_scheduler_isolated(request, _progress)
     print(report.text_report(result))
-    for path, writer in ((args.report, report.write_json), (args.junit, report.write_junit)):
-        if path:
-            try:
-                writer(result, Path(path))
-            except OSError as err:
-                raise SetupError(f"cannot write the report {path}: {err}") from err
-    return OK if result.passed else FAILED
+    status = _status(result, args.budget_passes)
+    return _write_reports(args, result, status, report.write_json, report.write_junit)
 
 
 def _vectors(args: argparse.Namespace) -> int:
@@ -188,15 +245,10 @@ def _vectors(args: argparse.Namespace) -> int:
         return OK
     from conformance.vectors.check import check_vectors
 
+    _prepare_reports(args, "conformance vectors check")
     result = check_vectors(load_backend(args.backend), args.backend, Path(args.dir))
     print(text_report(result))
-    for path, writer in ((args.report, write_json), (args.junit, write_junit)):
-        if path:
-            try:
-                writer(result, Path(path))
-            except OSError as err:
-                raise SetupError(f"cannot write the report {path}: {err}") from err
-    return _status(result)
+    return _write_reports(args, result, _status(result), write_json, write_junit)
 
 
 def _list() -> int:
@@ -240,8 +292,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--time-budget",
         type=argument_type(seconds),
         metavar="SECONDS",
-        help="stop drawing new examples after this long; the verdict then says so",
+        help="stop drawing new examples after this long; the verdict then says PARTIAL, and "
+        "the exit status is 3",
     )
+    run.add_argument("--budget-passes", action="store_true", help=_BUDGET_PASSES)
     run.add_argument(
         "--no-shrink", action="store_true", help="report a failing workload as found (faster)"
     )
@@ -327,6 +381,37 @@ def _vectors_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("--junit", metavar="FILE.xml", help="write a JUnit XML report")
 
 
+_BUDGET_PASSES = (
+    "a run the time budget cut short, with no failure, exits 0 (its reports still say PARTIAL)"
+)
+
+
+def _bounding_options(cmd: argparse.ArgumentParser, party: str) -> None:
+    """The scheduler suite's time budget, per-call timeout and isolation options (as run's)."""
+    cmd.add_argument(
+        "--time-budget",
+        type=argument_type(seconds),
+        metavar="SECONDS",
+        help="stop drawing new workloads after this long; the verdict then says PARTIAL, and "
+        "the exit status is 3",
+    )
+    cmd.add_argument("--budget-passes", action="store_true", help=_BUDGET_PASSES)
+    cmd.add_argument(
+        "--call-timeout",
+        type=argument_type(timeout_seconds),
+        default=DEFAULT_CALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"a {party} call taking longer is a hang (default {DEFAULT_CALL_TIMEOUT_S:g}; "
+        "0: no limit)",
+    )
+    cmd.add_argument(
+        "--in-process",
+        action="store_true",
+        help=f"run the {party} in this process (for a debugger): a crash or a native hang then "
+        "takes the run down with it",
+    )
+
+
 def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = sub.add_parser("scheduler", help="run the scheduler suite against one scheduler")
     cmd.add_argument(
@@ -346,6 +431,7 @@ def _scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cmd.add_argument(
         "--no-shrink", action="store_true", help="report the first failing workload unshrunk"
     )
+    _bounding_options(cmd, "scheduler")
     cmd.add_argument(
         "--no-database",
         action="store_true",

@@ -160,7 +160,7 @@ def test_ctrl_c_stops_the_run_with_status_130_and_the_reports(tmp_path: Path) ->
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
-    assert "INTERRUPTED (Ctrl-C)" in out
+    assert "INTERRUPTED (Ctrl-C or SIGTERM)" in out
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["interrupted"] is True and data["passed"] is False
     assert ET.parse(tmp_path / "r.xml").getroot().get("errors") == "1"

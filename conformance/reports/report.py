@@ -21,9 +21,13 @@ from typing import Any
 
 from conformance.bounds.checker import CONTRACT
 from conformance.reports import replay
+from conformance.reports.files import write_atomic
 from conformance.reports.replay import portable_ref
 from conformance.run.runner import PROFILES, RunResult
 from spec.capabilities import Capabilities
+
+INTERRUPTED = "INTERRUPTED (Ctrl-C or SIGTERM)"
+"""The verdict's first words for a run the user stopped (SIGTERM is handled as SIGINT)."""
 
 
 def replay_script(result: RunResult) -> str:
@@ -135,13 +139,13 @@ def verdict(result: RunResult) -> str:
     >>> cut = RunResult("x", "quick", 1, Capabilities("x"), (), RunStats(examples=9))
     >>> cut.stopped = "time budget"
     >>> verdict(cut)
-    'passed within the time budget: 9 examples'
+    'PARTIAL: passed within the time budget: 9 examples'
     """
     if result.interrupted:
-        return "INTERRUPTED (Ctrl-C): no verdict"
+        return f"{INTERRUPTED}: no verdict"
     if result.difference is None:
         if result.stopped:
-            return f"passed within the {result.stopped}: {result.stats.examples} examples"
+            return f"PARTIAL: passed within the {result.stopped}: {result.stats.examples} examples"
         return "PASSED"
     if result.nondeterminism is not None:
         return "FAILED: the backend is not deterministic"
@@ -236,6 +240,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "passed": result.passed,
         "verdict": verdict(result),
         "complete": result.complete,
+        "partial": result.partial,
         "stopped": result.stopped,
         "interrupted": result.interrupted,
         "requested": {"examples": result.requested[0], "long_examples": result.requested[1]},
@@ -297,8 +302,8 @@ def _capabilities(caps: Capabilities) -> dict[str, Any]:
 
 
 def write_json(result: RunResult, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_report(result), indent=2) + "\n")
+    """The JSON report, written atomically (:func:`conformance.reports.files.write_atomic`)."""
+    write_atomic(path, json.dumps(json_report(result), indent=2) + "\n")
 
 
 def write_junit(result: RunResult, path: Path) -> None:
@@ -334,10 +339,11 @@ def write_junit(result: RunResult, path: Path) -> None:
         failure.text = text_report(result)
     elif result.interrupted:
         ET.SubElement(case, "error", message=verdict(result)).text = text_report(result)
+    elif result.partial:
+        ET.SubElement(case, "system-out").text = text_report(result)
     for why in _skips(result):
         skipped = ET.SubElement(
             ET.SubElement(suite, "testcase", classname=classname, name=why), "skipped"
         )
         skipped.set("message", why)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+    write_atomic(path, ET.tostring(suite, encoding="unicode", xml_declaration=True))

@@ -4,5 +4,6 @@
 ``isolation``, ``worker``, ``protocol`` and ``watchdog`` keep a crashing, hanging or
 exiting backend from taking the suite down with it; ``calls`` splits a step into the
 attention calls a backend accepts; ``discovery`` loads a backend by name; ``shard`` splits
-a run's examples over machines and ``database`` opens the (shared) example database.
+a run's examples over machines and ``database`` opens the (shared) example database;
+``terminate`` handles SIGTERM as SIGINT.
 """

@@ -19,6 +19,10 @@ Either way the result is a :class:`~conformance.run.runner.RunResult` like any
 other, so every report is written. A Ctrl-C reaches only the parent (the
 child is in its own session): it stops the child and returns a result marked
 ``interrupted``.
+
+:class:`ChildProcess` is the part that knows nothing of backends: the
+process, its pipes, the call in flight, hangs, crashes and Ctrl-C. The
+scheduler suite runs its child with it too (:mod:`conformance.scheduler.isolation`).
 """
 
 from __future__ import annotations
@@ -85,50 +89,74 @@ def run_isolated(
     (by default, this process's standard error). Raises
     :class:`~conformance.errors.SetupError` for a setup error in the child.
     """
-    child = _Child(request, progress or (lambda _: None), output or _to_stderr)
-    return child.run()
+    child = _BackendChild(request, progress or (lambda _: None), output or to_stderr)
+    child.run()
+    return child.outcome()
 
 
-class _Child:
-    """One child process and what the parent knows of it so far."""
+@dataclass(frozen=True)
+class Stop:
+    """How a child's run ended without its result: a ``"hang"`` or a ``"crash"``, where, and how."""
+
+    kind: str
+    step: int
+    detail: str
+    layer: int | None = None
+
+
+class ChildProcess:
+    """One child process (``python -m MODULE``) and what the parent knows of it so far.
+
+    The child reads its request (``message``, JSON) from :data:`REQUEST_VAR`
+    and writes :mod:`conformance.run.protocol` messages. :meth:`run` reads them
+    until the child exits, hangs (it is then killed) or the user presses
+    Ctrl-C; the messages that are not about calls go to :meth:`on_message`.
+    ``party`` names whose code the child runs ("backend", "scheduler").
+    """
+
+    party = "backend"
 
     def __init__(
-        self, request: Request, progress: Callable[[str], None], output: Callable[[str], None]
+        self,
+        module: str,
+        message: dict[str, Any],
+        call_timeout_s: float | None,
+        progress: Callable[[str], None],
+        output: Callable[[str], None],
     ) -> None:
-        self.request = request
+        self.call_timeout_s = call_timeout_s
         self.progress = progress
         self.output = output
         self.started = time.monotonic()
-        self.template: RunResult | None = None
-        self.stats = RunStats()
         self.workload: list[str] = []
         self.examples_started = 0  # workloads begun (the stats count only finished ones)
         self.in_flight: Call | None = None
         self.last_call: Call | None = None
         self.slowest: tuple[str, float] = ("", 0.0)
         self.last_event = 0.0  # 0: no message yet
-        self.result: RunResult | None = None
-        self.setup_error: str | None = None
-        self.hang: Difference | None = None
+        self.hang: Stop | None = None
         self.interrupted = False
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._partial = {"events": b"", "output": b""}
-        self._spawn()
+        self._spawn(module, message)
 
-    def _spawn(self) -> None:
+    def on_message(self, kind: str, event: dict[str, Any]) -> None:
+        """A message other than ``call``, ``ret`` and ``progress`` (the subclass's to read)."""
+
+    def _spawn(self, module: str, request: dict[str, Any]) -> None:
         events_r, events_w = os.pipe()
         output_r, output_w = os.pipe()
         message = {
-            **asdict(self.request),
+            **request,
             "fd": events_w,
             "parent": os.getpid(),
-            "path": sys.path,  # the child imports the backend as this process would
+            "path": sys.path,  # the child imports the code under test as this process would
         }
         env = {**os.environ, REQUEST_VAR: json.dumps(message)}
         env.update(LIBC_FATAL_STDERR_="1", PYTHONUNBUFFERED="1")  # glibc's abort text: stderr
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "conformance.run.worker"],
+                [sys.executable, "-m", module],
                 stdin=subprocess.DEVNULL,
                 stdout=output_w,
                 stderr=output_w,
@@ -143,7 +171,8 @@ class _Child:
 
     # -- the loop -----------------------------------------------------------------
 
-    def run(self) -> RunResult:
+    def run(self) -> None:
+        """Read the child's messages until it exits, hangs or the user stops the run."""
         try:
             while not self._exited():
                 self._pump(_POLL_S)
@@ -160,7 +189,6 @@ class _Child:
             self.proc.wait()
             for fd in list(self.fds):
                 os.close(fd)
-        return self._outcome()
 
     def _exited(self) -> bool:
         """Whether the child has exited (without reaping it: its group is still ours to kill)."""
@@ -204,39 +232,34 @@ class _Child:
                 self.workload = []
                 self.examples_started += 1
             self.workload += event["log"]
-            self.in_flight = Call(event["what"], event["step"], event["layer"])
+            owner = event.get("owner", "backend")
+            self.in_flight = Call(event["what"], event["step"], event["layer"], owner=owner)
         elif kind == "ret" and self.in_flight is not None:
             seconds = time.monotonic() - self.in_flight.started
-            if seconds > self.slowest[1] and self.in_flight.what != "load_backend":
+            if seconds > self.slowest[1] and not self.in_flight.loading:
                 self.slowest = (self.in_flight.describe(), seconds)
             self.last_call, self.in_flight = self.in_flight, None
         elif kind == "progress":
             self.progress(event["line"])
-        elif kind == "start":
-            self.template = event["result"]
-        elif kind == "stats":
-            self.stats = event["stats"]
-        elif kind == "result":
-            self.result = event["result"]
-        elif kind == "setup":
-            self.setup_error = event["message"]
+        else:
+            self.on_message(kind, event)
 
     # -- hangs ----------------------------------------------------------------------
 
-    def _overdue(self) -> Difference | None:
+    def _overdue(self) -> Stop | None:
         """The hang, once the call in flight (or the silence) has passed its limit."""
-        limit = self.request.control.call_timeout_s
+        limit = self.call_timeout_s
         if limit is None:
             return None
         now, call = time.monotonic(), self.in_flight
         if call is not None:
-            allowed = max(limit, LOAD_TIMEOUT_S) if call.what == "load_backend" else limit
+            allowed = max(limit, LOAD_TIMEOUT_S) if call.loading else limit
             if now - call.started > allowed:
-                return Difference(
+                return Stop(
                     "hang",
                     call.step,
                     f"{call.describe()} did not return within {allowed:g} s (the per-call "
-                    "timeout; --call-timeout sets it): the backend process was killed",
+                    f"timeout; --call-timeout sets it): the {self.party} process was killed",
                     layer=call.layer,
                 )
             return None
@@ -249,14 +272,15 @@ class _Child:
             if self.last_call is None
             else (f"after {self.last_call.describe()} returned")
         )
-        return Difference(
+        party = self.party
+        return Stop(
             "hang",
             0 if self.last_call is None else self.last_call.step,
-            f"the backend process went silent for {quiet:g} s outside any backend call ({after}), "
-            "for example a thread of the backend holding the interpreter: it was killed",
+            f"the {party} process went silent for {quiet:g} s outside any {party} call ({after}), "
+            f"for example a thread of the {party} holding the interpreter: it was killed",
         )
 
-    def _stop_hung(self, hang: Difference) -> None:
+    def _stop_hung(self, hang: Stop) -> None:
         """Ask the child for its stack, give it a moment to print it, then kill it."""
         self.hang = hang
         self.tail.clear()  # keep the stack, not what came before it
@@ -281,9 +305,65 @@ class _Child:
         """Kill the child and everything it started (one process group, led by the child)."""
         self._signal(signal.SIGKILL, group=True)
 
-    # -- the outcome ----------------------------------------------------------------
+    # -- how it ended -----------------------------------------------------------------
 
-    def _outcome(self) -> RunResult:
+    def stop(self) -> Stop:
+        """The hang, or else the crash: how the child ended without its result."""
+        return self.hang or self._crash()
+
+    def diagnostics(self) -> tuple[str, ...]:
+        """What the child printed last, for the report: the lines before its stack, and the top."""
+        return _diagnostics([line for line in self.tail if line.strip()])
+
+    def _crash(self) -> Stop:
+        how = _how_it_ended(self.proc.returncode)
+        party, call = self.party, self.in_flight
+        if call is not None:
+            return Stop(
+                "crash",
+                call.step,
+                f"the {party} process {how} during {call.describe()}",
+                call.layer,
+            )
+        last = self.last_call
+        where = (
+            f"before its first {party} call"
+            if last is None
+            else (f"outside any {party} call, after {last.describe()} returned,")
+        )
+        return Stop(
+            "crash",
+            0 if last is None else last.step,
+            f"the {party} process {how} {where} before the run finished",
+        )
+
+
+class _BackendChild(ChildProcess):
+    """The child of ``python -m conformance run``: :mod:`conformance.run.worker` on a backend."""
+
+    def __init__(
+        self, request: Request, progress: Callable[[str], None], output: Callable[[str], None]
+    ) -> None:
+        self.request = request
+        self.template: RunResult | None = None
+        self.stats = RunStats()
+        self.result: RunResult | None = None
+        self.setup_error: str | None = None
+        worker = "conformance.run.worker"
+        super().__init__(worker, asdict(request), request.control.call_timeout_s, progress, output)
+
+    def on_message(self, kind: str, event: dict[str, Any]) -> None:
+        if kind == "start":
+            self.template = event["result"]
+        elif kind == "stats":
+            self.stats = event["stats"]
+        elif kind == "result":
+            self.result = event["result"]
+        elif kind == "setup":
+            self.setup_error = event["message"]
+
+    def outcome(self) -> RunResult:
+        """The child's result, or one built from what it sent before it hung or crashed."""
         if self.result is not None and not self.interrupted:
             return self.result
         if self.setup_error is not None:
@@ -292,14 +372,15 @@ class _Child:
         if self.interrupted:
             result.interrupted = True
             return result
-        result.difference = self.hang or self._crash()
+        stop = self.stop()
+        result.difference = Difference(stop.kind, stop.step, stop.detail, layer=stop.layer)
         result.workload = self.workload
         result.shrink_note = (
             "not shrunk: each replay of a hang costs the whole timeout"
             if self.hang
             else "not shrunk: the backend process crashed"
         )
-        result.diagnostics = _diagnostics([line for line in self.tail if line.strip()])
+        result.diagnostics = self.diagnostics()
         result.stats.note_failure()
         return result
 
@@ -316,28 +397,6 @@ class _Child:
         result.slowest_call = self.slowest
         result.wall_time_s = time.monotonic() - self.started
         return result
-
-    def _crash(self) -> Difference:
-        how = _how_it_ended(self.proc.returncode)
-        call = self.in_flight
-        if call is not None:
-            return Difference(
-                "crash",
-                call.step,
-                f"the backend process {how} during {call.describe()}",
-                layer=call.layer,
-            )
-        last = self.last_call
-        where = (
-            "before its first backend call"
-            if last is None
-            else (f"outside any backend call, after {last.describe()} returned,")
-        )
-        return Difference(
-            "crash",
-            0 if last is None else last.step,
-            f"the backend process {how} {where} before the run finished",
-        )
 
 
 def _diagnostics(lines: list[str]) -> tuple[str, ...]:
@@ -373,7 +432,8 @@ def _how_it_ended(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-def _to_stderr(text: str) -> None:
+def to_stderr(text: str) -> None:
+    """Show what a child printed, as it comes."""
     sys.stderr.write(text)
     sys.stderr.flush()
 

@@ -18,6 +18,7 @@ stats      stats                          :class:`~conformance.lockstep.machine.
                                           each example
 result     result                         the final result
 setup      message                        a setup error (the parent exits 2)
+workload   workload                       the scheduler suite: the workload it runs now
 ========== ============================== ==============================================
 
 So the parent always holds the workload so far, the call in flight and the
@@ -44,7 +45,7 @@ from typing import Any
 
 from spec.capabilities import Capabilities
 
-_OBJECTS = ("result", "stats")
+_OBJECTS = ("result", "stats", "workload")
 """Message fields that carry Python objects rather than JSON values."""
 
 

@@ -174,6 +174,11 @@ class RunResult:
         return self.difference is None and not self.interrupted
 
     @property
+    def partial(self) -> bool:
+        """Passed, but cut short (the time budget): a PARTIAL verdict, not a pass of the profile."""
+        return self.passed and self.stopped is not None
+
+    @property
     def complete(self) -> bool:
         """Whether every example the run asked for ran (no time budget cut it short)."""
         return self.stopped is None and not self.interrupted

@@ -58,21 +58,42 @@ class CallTimeout(KeyboardInterrupt):
     """
 
 
+LOADING = {
+    "load_backend": "loading the backend (its import and factory)",
+    "load_scheduler": "loading the scheduler (its import)",
+}
+"""Calls that load the code under test (they may take the longer load timeout), as described."""
+
+
 @dataclass
 class Call:
-    """One backend call: which method, at which step of the workload, on which layer."""
+    """One call into the code under test: which method of whose (``owner``), at which step of the
+    workload, on which layer."""
 
     what: str
     step: int
     layer: int | None = None
     started: float = field(default_factory=time.monotonic)
+    owner: str = "backend"
+
+    @property
+    def loading(self) -> bool:
+        """Whether this call loads the code under test (its import, for a backend its factory)."""
+        return self.what in LOADING
 
     def describe(self) -> str:
-        """``backend.attention (layer 1) at step 3``."""
-        if self.what == "load_backend":
-            return "loading the backend (its import and factory)"
+        """``backend.attention (layer 1) at step 3``, ``scheduler.step() at step 2``.
+
+        >>> Call("factory", 0, owner="scheduler").describe()
+        "the scheduler's factory (building one for a workload)"
+        """
+        if self.loading:
+            return LOADING[self.what]
+        if self.what == "factory":
+            return f"the {self.owner}'s factory (building one for a workload)"
         layer = "" if self.layer is None else f" (layer {self.layer})"
-        return f"backend.{self.what}{layer} at step {self.step}"
+        call = f"{self.what}()" if self.owner == "scheduler" else self.what
+        return f"{self.owner}.{call}{layer} at step {self.step}"
 
 
 class RunWatch:
@@ -100,7 +121,7 @@ class RunWatch:
         self.in_flight = call
         if self.sink is not None:
             event = {"t": "call", "what": call.what, "step": call.step, "layer": call.layer}
-            self.sink({**event, "log": new_lines, "new": new})
+            self.sink({**event, "log": new_lines, "new": new, "owner": call.owner})
 
     def end(self, call: Call) -> None:
         """The call returned or raised; a timed-out call raises :class:`CallTimeout` here."""

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 from dataclasses import fields
-from typing import Any
+from typing import Any, NoReturn
 
 from conformance.errors import SetupError
 from conformance.run.control import RunControl
@@ -51,17 +51,30 @@ class Channel:
 
 
 def main() -> None:
-    request = json.loads(os.environ[REQUEST_VAR])
+    request, channel = start()
+    _run(request, channel)
+    finish()
+
+
+def start() -> tuple[dict[str, Any], Channel]:
+    """What every child does first: its request, death with its parent, stacks on a fatal signal
+    or SIGUSR1, and the pipe to the parent (with a first ``hello``)."""
+    request: dict[str, Any] = json.loads(os.environ[REQUEST_VAR])
     _die_with_parent(request["parent"])
     sys.path[:0] = [p for p in request["path"] if p not in sys.path]
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     channel = Channel(request["fd"])
     channel.send({"t": "hello", "pid": os.getpid()})
-    _run(request, channel)
+    return request, channel
+
+
+def finish() -> NoReturn:
+    """Exit 0 at once, skipping interpreter teardown: an atexit crash of the code under test is
+    not the run's result (the parent already has it)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # skip interpreter teardown: a backend's atexit crash is not the run's result
+    os._exit(0)
 
 
 def _run(request: dict[str, Any], channel: Channel) -> None:

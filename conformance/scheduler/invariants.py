@@ -19,8 +19,17 @@ every step it checks:
   manager holds it: prompt, then what was sampled);
 * the block manager's and the pool's own invariants (``check_integrity``);
 * finished and aborted requests hold no blocks, from the step they finish;
-* the scheduler's own calls do not raise (preempting a victim that already has
-  slots this step, for one, breaks the batch it is building);
+* the scheduler's own calls do not raise, nor leave by any other exit
+  (``sys.exit``, a ``KeyboardInterrupt`` of its own, any ``BaseException``):
+  preempting a victim that already has slots this step, for one, breaks the
+  batch it is building;
+* its calls return the protocol's types (a :class:`SchedulerOutput` from
+  ``step``, :class:`FinishedRequest` objects from ``update`` and ``result``, a
+  bool from ``has_unfinished``);
+* the configuration is not changed: the checker judges against its own copy,
+  the scheduler is built from another, and the scheduler's ``config`` must
+  stay equal to it (a scheduler that raises its own ``max_num_seqs`` would
+  otherwise be judged by the limit it chose);
 * progress: a step that has work left computes a token or frees blocks (no deadlock);
 * bounded wait: under FCFS no request is first scheduled before one that arrived
   earlier, and every request finishes within a step bound;
@@ -43,6 +52,7 @@ the paths the run took (preemptions, swaps, forks, prefix hits, ...).
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +60,9 @@ from functools import partial
 from itertools import pairwise
 from typing import Protocol, TypeVar
 
+import numpy as np
+
+from conformance.run.watchdog import CallTimeout, current_watch
 from spec.block_manager import cdiv
 from spec.request import Request
 from spec.scheduler import FinishedRequest, Scheduler, SchedulerConfig, SchedulerOutput
@@ -64,6 +77,8 @@ INPUTS = "input tokens are the sequence's tokens"
 NO_SKIP = "no running sequence skipped"
 INTEGRITY = "block manager integrity"
 CALLS = "scheduler calls do not raise"
+RETURNS = "scheduler calls return the protocol's types"
+CONFIG = "the configuration is not changed"
 EXECUTABLE = "decisions the engine can execute"
 FINISHED = "finished requests hold nothing"
 PROGRESS = "progress (no deadlock)"
@@ -73,7 +88,7 @@ UNIQUE_IDS = "sequence ids unique to one request"
 LEAK = "no leak at the end"
 OUTPUTS = "outputs as sampled"
 RULES: tuple[str, ...] = (BUDGET, SEATS, SLOTS, INPUTS, NO_SKIP, INTEGRITY, CALLS, FINISHED)
-RULES += (PROGRESS, BOUNDED, FCFS, UNIQUE_IDS, LEAK)
+RULES += (PROGRESS, BOUNDED, FCFS, UNIQUE_IDS, LEAK, RETURNS, CONFIG)
 """Every rule a run checks, whatever its executor (which adds its own final rule)."""
 
 PATHS = (
@@ -98,6 +113,10 @@ class SchedulerInvariantError(AssertionError):
     def __init__(self, rule: str, step: int, detail: str) -> None:
         super().__init__(f"step {step}: {detail}")
         self.rule, self.step, self.detail = rule, step, detail
+
+    def __reduce__(self) -> tuple[type[SchedulerInvariantError], tuple[str, int, str]]:
+        """Pickled as its three fields (an isolated run's child sends it to the parent)."""
+        return (type(self), (self.rule, self.step, self.detail))
 
 
 class Executor(Protocol):
@@ -189,16 +208,18 @@ def run_checked(
     ``aborts[id]``: the step before which it is aborted, if it is still in flight.
     ``executor`` builds what executes each step (default: ``tokens``, no model).
     """
-    sched = make(config)
+    own = copy.deepcopy(config)  # the checker's: whatever the scheduler does to its own
+    sched = make(copy.deepcopy(config))
     by_id = {r.request_id: r for r in requests}
-    run = _Run(sched, RunReport())
+    run = _Run(sched, RunReport(), own)
+    run.check_config()
     run.executor = (
         executor(sched, by_id) if executor is not None else _TokenFnExecutor(by_id, tokens)
     )
     arrive = dict(arrivals or {})
     pending = sorted(requests, key=lambda r: arrive.get(r.request_id, 0))
     bound = max_steps if max_steps is not None else _step_bound(requests, arrive)
-    while pending or sched.has_unfinished():
+    while pending or run.has_unfinished():
         while pending and arrive.get(pending[0].request_id, 0) <= run.report.steps:
             request = pending.pop(0)
             run.call(partial(sched.submit, request), f"submit(request {request.request_id})")
@@ -216,6 +237,7 @@ class _Run:
 
     sched: Scheduler
     report: RunReport
+    config: SchedulerConfig  # the checker's own copy: every limit is judged against it
     executor: Executor | None = None
     submitted: list[int] = field(default_factory=list)
     first_row: dict[int, int] = field(default_factory=dict)  # seq id -> first step it ran
@@ -227,16 +249,56 @@ class _Run:
             raise SchedulerInvariantError(rule, self.report.steps if step is None else step, detail)
 
     def call(self, fn: Callable[[], T], what: str, rule: str = CALLS) -> T:
-        """Run a scheduler call; its own crash is a violation too (it broke its own state)."""
+        """Run a scheduler call; its own crash is a violation too (it broke its own state).
+
+        Any exit counts: an exception, ``sys.exit``, any other ``BaseException``,
+        and a ``KeyboardInterrupt`` unless the run's watch says the user pressed
+        Ctrl-C (:mod:`conformance.run.watchdog`); a per-call timeout passes through.
+        """
         self.report.checks[rule] += 1
         try:
             return fn()
-        except SchedulerInvariantError:
+        except (SchedulerInvariantError, CallTimeout):
             raise
-        except Exception as e:
-            raise SchedulerInvariantError(
-                rule, self.report.steps, f"{what} raised {type(e).__name__}: {e}"
-            ) from e
+        except KeyboardInterrupt as e:
+            watch = current_watch()
+            if watch is None or watch.is_users():
+                raise
+            detail = f"{what} raised KeyboardInterrupt itself (no Ctrl-C was pressed)"
+            raise SchedulerInvariantError(rule, self.report.steps, detail) from e
+        except SystemExit as e:
+            detail = f"{what} called sys.exit({e.code!r})"
+            raise SchedulerInvariantError(rule, self.report.steps, detail) from e
+        except BaseException as e:
+            detail = f"{what} raised {type(e).__name__}: {e}"
+            raise SchedulerInvariantError(rule, self.report.steps, detail) from e
+
+    def returned(
+        self, value: object, want: type | tuple[type, ...], what: str, verb: str = "returned"
+    ) -> None:
+        """Check that ``what`` returned a ``want`` (the protocol's type), under :data:`RETURNS`."""
+        names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        self.check(
+            isinstance(value, want),
+            RETURNS,
+            f"{what} {verb} {shown} ({type(value).__name__}), not a {names}",
+        )
+
+    def has_unfinished(self) -> bool:
+        busy = self.call(self.sched.has_unfinished, "has_unfinished()")
+        self.returned(busy, (bool, np.bool_), "has_unfinished()")
+        return bool(busy)
+
+    def check_config(self) -> None:
+        """The scheduler's configuration is still the one it was built with (the checker's copy)."""
+        self.check(
+            self.sched.config == self.config,
+            CONFIG,
+            f"the scheduler's config changed: it was built with {self.config}, it now has "
+            f"{self.sched.config}",
+        )
 
     def integrity(self) -> None:
         self.report.checks[INTEGRITY] += 1
@@ -251,7 +313,9 @@ class _Run:
             if aborts.get(rid) == self.report.steps and rid not in self.report.results:
                 self.call(partial(self.sched.abort, rid), f"abort({rid})")
                 self.report.paths["aborts"] += 1
-                self.finished(self.call(partial(self.sched.result, rid), f"result({rid})"))
+                done = self.call(partial(self.sched.result, rid), f"result({rid})")
+                self.returned(done, FinishedRequest, f"result({rid})")
+                self.finished(done)
                 self.integrity()
 
     def finished(self, done: FinishedRequest) -> None:
@@ -265,9 +329,11 @@ class _Run:
 
     def step(self) -> None:
         sched, report = self.sched, self.report
-        busy = sched.has_unfinished()
+        busy = self.has_unfinished()
         before = set(sched.manager.sequence_ids())
         out = self.call(sched.step, "step()")
+        self.returned(out, SchedulerOutput, "step()")
+        self.check_config()
         self.check_step(out, busy=busy)
         self.count_paths(out, before)
         assert self.executor is not None
@@ -278,13 +344,16 @@ class _Run:
             sampled = self.call(execute, f"executing step {out.step}", EXECUTABLE)
         for s in out.samples:
             self.sampled_at[(s.request_id, s.sample_index, s.position)] = report.steps
-        for done in self.call(partial(sched.update, sampled), "update()"):
+        finished = self.call(partial(sched.update, sampled), "update()")
+        self.returned(finished, (list, tuple), "update()")
+        for done in finished:
+            self.returned(done, FinishedRequest, "update()", "returned a list holding")
             self.finished(done)
         self.integrity()
         report.steps += 1
 
     def check_step(self, out: SchedulerOutput, *, busy: bool) -> None:
-        cfg, m, b = self.sched.config, self.sched.manager, out.batch
+        cfg, m, b = self.config, self.sched.manager, out.batch
         self.check(
             b.num_tokens <= cfg.max_num_batched_tokens,
             BUDGET,
@@ -321,7 +390,7 @@ class _Run:
         report.max_running = max(report.max_running, running)
 
     def check_slots(self, out: SchedulerOutput) -> None:
-        m, b, cfg = self.sched.manager, out.batch, self.sched.config
+        m, b, cfg = self.sched.manager, out.batch, self.config
         num_slots = cfg.num_blocks * cfg.block_size
         slots = b.slot_mapping
         self.check(len(set(slots)) == len(slots), SLOTS, "two scheduled tokens share a slot")
@@ -380,7 +449,7 @@ class _Run:
             self.check_outputs(r, got, self.executor.alone(r))
         report.paths["requests finished"] += sum(not d.aborted for d in report.results.values())
         self.check_unique_ids()
-        if self.sched.config.policy == "fcfs":
+        if self.config.policy == "fcfs":
             self.check_fcfs()
 
     def check_outputs(

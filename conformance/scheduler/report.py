@@ -20,7 +20,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from conformance.reports.files import write_atomic
 from conformance.reports.replay import portable_ref
+from conformance.reports.report import INTERRUPTED
 from conformance.scheduler.engine import EQUIVALENCE
 from conformance.scheduler.suite import PROFILES, SchedulerRunResult
 from conformance.scheduler.workloads import Workload
@@ -81,16 +83,47 @@ def reproduce_command(result: SchedulerRunResult) -> str:
     )
 
 
+def verdict(result: SchedulerRunResult) -> str:
+    """One phrase that cannot be mistaken: a pass, a partial pass, an interruption, a failure."""
+    if result.interrupted:
+        return f"{INTERRUPTED}: no verdict"
+    if result.passed:
+        if result.stopped:
+            return f"PARTIAL: passed within the {result.stopped}: {result.stats.examples} examples"
+        return "PASSED"
+    return {
+        "hang": "FAILED: a scheduler call hung",
+        "crash": "FAILED: the scheduler process crashed",
+        "internal": "FAILED: the run stopped with an error",
+    }.get(result.kind or "", "FAILED")
+
+
+def _run_lines(result: SchedulerRunResult) -> list[str]:
+    """How the run was bounded: a time budget that cut it short, the slowest call, isolation."""
+    lines = []
+    if result.stopped:
+        lines.append(
+            f"  stopped early: the {result.stopped} ({result.time_budget_s:g} s) was spent; the "
+            "run asked for more examples: this is not a full run"
+        )
+    call, seconds = result.slowest_call
+    timeout = "none" if result.call_timeout_s is None else f"{result.call_timeout_s:g} s"
+    where = "in a child process" if result.isolated else "in this process"
+    slowest = f"slowest {seconds:.2f} s: {call}" if call else "none made"
+    lines.append(f"  scheduler calls {where}; {slowest}; per-call timeout {timeout}")
+    return lines
+
+
 def text_report(result: SchedulerRunResult) -> str:
     """The summary a person reads: verdict, what ran, what was skipped, and any violation."""
     s = result.stats
-    verdict = "PASSED" if result.passed else "FAILED"
     sizes = ", ".join(str(b) for b in sorted(s.block_sizes))
     lines = [
         f"conformance: scheduler {result.scheduler!r} "
-        f"(profile {result.profile}, seed {result.seed}): {verdict}",
+        f"(profile {result.profile}, seed {result.seed}): {verdict(result)}",
         f"  {_examples(result)}, {s.requests} requests, {s.steps} steps, "
         f"{result.wall_time_s:.1f} s",
+        *_run_lines(result),
         "  paths exercised:",
         *(f"    {count:7d}  {name}" for name, count in sorted(s.paths.items())),
         "  invariants checked:",
@@ -103,13 +136,21 @@ def text_report(result: SchedulerRunResult) -> str:
         lines += ["", f"VIOLATION of {f.rule!r} at step {f.step}", f"  {f.detail}"]
         if result.flaky:
             lines.append("  (flaky: it failed once but not on replay; nondeterminism?)")
-        lines += [
-            "",
-            "SHRUNK FAILING WORKLOAD (save as replay.py, run: python replay.py)",
-            replay_script(result),
-            f"reproduce the run: {reproduce_command(result)}",
-        ]
+        if result.diagnostics:
+            lines += ["", "WHAT THE SCHEDULER PROCESS PRINTED LAST", *result.diagnostics]
+        if result.workload is not None:
+            lines += ["", _workload_header(result), replay_script(result)]
+        lines.append(f"reproduce the run: {reproduce_command(result)}")
     return "\n".join(lines)
+
+
+def _workload_header(result: SchedulerRunResult) -> str:
+    run = "(save as replay.py, run: python replay.py)"
+    if result.kind == "hang":
+        return f"FAILING WORKLOAD, not shrunk: each replay of a hang costs the whole timeout {run}"
+    if result.kind == "crash":
+        return f"FAILING WORKLOAD, not shrunk: the scheduler process crashed {run}"
+    return f"SHRUNK FAILING WORKLOAD {run}"
 
 
 def _examples(result: SchedulerRunResult) -> str:
@@ -146,6 +187,15 @@ def json_report(result: SchedulerRunResult) -> dict[str, Any]:
         },
         "seed": result.seed,
         "passed": result.passed,
+        "verdict": verdict(result),
+        "complete": result.complete,
+        "partial": result.partial,
+        "stopped": result.stopped,
+        "interrupted": result.interrupted,
+        "isolated": result.isolated,
+        "call_timeout_s": result.call_timeout_s,
+        "time_budget_s": result.time_budget_s,
+        "slowest_call": {"call": result.slowest_call[0], "seconds": result.slowest_call[1]},
         "wall_time_s": round(result.wall_time_s, 3),
         "examples": s.examples,
         "first_failure_example": s.first_failure_example,
@@ -158,20 +208,22 @@ def json_report(result: SchedulerRunResult) -> dict[str, Any]:
         "failure": None
         if failure is None
         else {
+            "kind": result.kind,
             "rule": failure.rule,
             "step": failure.step,
             "detail": failure.detail,
             "workload": _jsonable(result.workload),
-            "replay_script": replay_script(result),
+            "replay_script": None if result.workload is None else replay_script(result),
             "reproduce": reproduce_command(result),
             "flaky": result.flaky,
+            "diagnostics": list(result.diagnostics),
         },
     }
 
 
 def write_json(result: SchedulerRunResult, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_report(result), indent=2) + "\n")
+    """The JSON report, written atomically (:func:`conformance.reports.files.write_atomic`)."""
+    write_atomic(path, json.dumps(json_report(result), indent=2) + "\n")
 
 
 def write_junit(result: SchedulerRunResult, path: Path) -> None:
@@ -182,7 +234,7 @@ def write_junit(result: SchedulerRunResult, path: Path) -> None:
         name="conformance-scheduler",
         tests="2",
         failures=str(int(failure is not None)),
-        errors="0",
+        errors=str(int(result.interrupted)),
         skipped=str(len(result.skipped)),
         time=f"{result.wall_time_s:.3f}",
     )
@@ -191,6 +243,8 @@ def write_junit(result: SchedulerRunResult, path: Path) -> None:
         ("scheduler", result.scheduler),
         ("profile", result.profile),
         ("seed", str(result.seed)),
+        ("verdict", verdict(result)),
+        ("complete", str(result.complete).lower()),
     ):
         ET.SubElement(props, "property", name=name, value=value)
     classname = f"conformance.scheduler.{result.scheduler}"
@@ -202,5 +256,8 @@ def write_junit(result: SchedulerRunResult, path: Path) -> None:
             element.text = text_report(result)
         elif name == EQUIVALENCE and result.skipped:
             ET.SubElement(case, "skipped", message=result.skipped[0])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+        elif name != EQUIVALENCE and result.interrupted:
+            ET.SubElement(case, "error", message=verdict(result)).text = text_report(result)
+        elif name != EQUIVALENCE and result.partial:
+            ET.SubElement(case, "system-out").text = text_report(result)
+    write_atomic(path, ET.tostring(suite, encoding="unicode", xml_declaration=True))

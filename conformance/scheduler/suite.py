@@ -15,6 +15,16 @@ Every run is seeded (a random seed is drawn and reported when none is given),
 so ``--seed`` reproduces it; failing examples are saved in a Hypothesis
 example database, so the next run replays them first.
 
+Whatever the scheduler does ends as a result the reports describe, never a
+traceback: every call into it is reported to the run's watch
+(:mod:`conformance.scheduler.watched`), so a call past the per-call timeout
+is a hang (in process the watchdog interrupts it; ``python -m conformance
+scheduler`` runs the suite in a child process and kills it,
+:mod:`conformance.scheduler.isolation`, which also reports a crash or an
+exit); an error the checks themselves stop with is a failure too
+(:data:`INTERNAL`). A time budget stops drawing new workloads: the result is
+then partial.
+
 >>> from spec.scheduler import ContinuousScheduler
 >>> result = run_scheduler_suite(ContinuousScheduler, "spec.scheduler:ContinuousScheduler",
 ...                              run_seed=1, max_examples=5, database=None)
@@ -35,13 +45,16 @@ from typing import cast
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.errors import FlakyFailure
+from hypothesis.errors import FlakyFailure, HypothesisException
 
 from conformance.errors import SetupError
+from conformance.run.control import DEFAULT_CALL_TIMEOUT_S
 from conformance.run.discovery import load_callable
 from conformance.run.runner import _same_draws_everywhere as same_draws_everywhere
+from conformance.run.watchdog import CallTimeout, RunWatch, Sink, current_watch, watching
 from conformance.scheduler.engine import EngineExecutor, engine_unsupported
 from conformance.scheduler.invariants import RunReport, SchedulerInvariantError, run_checked
+from conformance.scheduler.watched import watched_factory
 from conformance.scheduler.workloads import Workload, workloads
 from spec.scheduler import Scheduler, SchedulerConfig
 
@@ -50,6 +63,14 @@ SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
 DATABASE_DIR = Path(".hypothesis") / "conformance-scheduler"
 PROBE = SchedulerConfig(num_blocks=4, block_size=4)
 """The configuration a factory is first called with, to check it builds a scheduler."""
+
+HANG = "every call returns within the per-call timeout"
+CRASH = "the scheduler process runs to the end"
+INTERNAL = "the checks run to the end"
+"""Failures that are not one invariant: a hang, a crash or exit of the process, and an error the
+checks stopped with (a value from the scheduler that is not what the protocol says, usually)."""
+KINDS = {HANG: "hang", CRASH: "crash", INTERNAL: "internal"}
+"""The failure's kind in the reports, by rule (any other rule: ``violation``)."""
 
 _MEMBERS = ("config", "manager", "metrics", "submit", "abort", "step", "update", "has_unfinished")
 _NO_SHRINK = [p for p in Phase if p not in (Phase.shrink, Phase.explain)]
@@ -114,10 +135,31 @@ class SchedulerRunResult:
     failure: SchedulerInvariantError | None = None
     workload: Workload | None = None
     flaky: bool = False
+    stopped: str | None = None  # why the run ended before its examples were done (time budget)
+    interrupted: bool = False  # the user stopped it (Ctrl-C or SIGTERM): no verdict
+    isolated: bool = False  # the scheduler ran in a child process
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    time_budget_s: float | None = None
+    slowest_call: tuple[str, float] = ("", 0.0)
+    diagnostics: tuple[str, ...] = ()  # what a crashed or hung child printed last
 
     @property
     def passed(self) -> bool:
-        return self.failure is None
+        return self.failure is None and not self.interrupted
+
+    @property
+    def partial(self) -> bool:
+        """Passed, but the time budget cut it short: not a pass of the profile."""
+        return self.passed and self.stopped is not None
+
+    @property
+    def complete(self) -> bool:
+        return self.stopped is None and not self.interrupted
+
+    @property
+    def kind(self) -> str | None:
+        """The failure's kind: ``violation``, ``hang``, ``crash`` or ``internal`` (None: none)."""
+        return None if self.failure is None else KINDS.get(self.failure.rule, "violation")
 
 
 class _Failed(Exception):
@@ -142,6 +184,15 @@ def load_scheduler(ref: str) -> SchedulerFactory:
     if ":" not in ref:
         raise SetupError(f"{ref!r} is not module:factory or path/to/file.py:factory")
     attr, factory = load_callable(ref)
+    return probe_scheduler(ref, attr, factory)
+
+
+def probe_scheduler(ref: str, attr: str, factory: Callable[..., object]) -> SchedulerFactory:
+    """``factory`` (named ``attr`` in ``ref``), once it has built a scheduler from :data:`PROBE`.
+
+    :class:`SetupError` when the call raises (or exits) or builds something
+    that lacks a member of the protocol.
+    """
     try:
         probe = factory(PROBE)
     except (Exception, SystemExit) as err:  # sys.exit in a factory is a setup error too
@@ -172,6 +223,10 @@ def check_workload(
         raise failed.error from None
 
 
+class _BudgetSpent(KeyboardInterrupt):
+    """Stops Hypothesis drawing another workload (see ``conformance.run.runner._BudgetSpent``)."""
+
+
 def _check(make: SchedulerFactory, w: Workload, stats: SuiteStats, passes: Sequence[bool]) -> None:
     """Run ``w`` through the passes (``True``: the engine run) in order; raise :class:`_Failed`."""
     stats.requests += len(w.requests)
@@ -194,6 +249,19 @@ def _check(make: SchedulerFactory, w: Workload, stats: SuiteStats, passes: Seque
             )
         except SchedulerInvariantError as err:
             raise _Failed(err, w, engine) from err
+        except CallTimeout:
+            raise
+        except BaseException as err:
+            watch = current_watch()
+            if isinstance(err, KeyboardInterrupt) and (watch is None or watch.is_users()):
+                raise
+            step = getattr(made[-1], "steps", 0) if made else 0
+            detail = (
+                f"the checks stopped with {type(err).__name__}: {err} (a value the scheduler "
+                "returned or holds is not what the protocol says? If the scheduler is not at "
+                "fault, please report this with the seed)"
+            )
+            raise _Failed(SchedulerInvariantError(INTERNAL, step, detail), w, engine) from err
         stats.add(report)
         if engine_unsupported(made[-1]) is not None:
             return
@@ -209,22 +277,65 @@ def run_scheduler_suite(
     max_examples: int | None = None,
     shrink: bool = True,
     progress: Callable[[str], None] | None = None,
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+    time_budget_s: float | None = None,
+    sink: Sink | None = None,
 ) -> SchedulerRunResult:
-    """Run :func:`check_workload` on random workloads (``scheduler_ref`` names it in reports)."""
+    """Run :func:`check_workload` on random workloads (``scheduler_ref`` names it in reports).
+
+    ``call_timeout_s``: a scheduler call (or its factory) taking longer is a
+    hang (None: wait forever). ``time_budget_s``: stop drawing new workloads
+    after this long (the result is then partial). ``sink`` makes this an
+    isolated run's child: every event goes to it (:mod:`conformance.scheduler.isolation`).
+    """
     if profile not in PROFILES:
         raise SetupError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
     if max_examples is not None and max_examples < 1:
         raise SetupError(f"max_examples must be at least 1, got {max_examples}")
-    chosen, stats = PROFILES[profile], SuiteStats()
-    why = engine_unsupported(make(PROBE))
-    result = SchedulerRunResult(
-        scheduler=scheduler_ref,
-        profile=profile,
-        seed=random.randrange(2**32) if run_seed is None else run_seed,
-        stats=stats,
-        skipped=() if why is None else (f"token-exact equivalence: {why}",),
-    )
+    for name, value in (("call_timeout_s", call_timeout_s), ("time_budget_s", time_budget_s)):
+        if value is not None and not value > 0:
+            raise SetupError(f"{name} must be a positive number of seconds, got {value!r}")
+    with watching(call_timeout_s, sink, isolated=sink is not None) as watch:
+        return _run_suite(
+            watched_factory(make, watch),
+            SchedulerRunResult(
+                scheduler=scheduler_ref,
+                profile=profile,
+                seed=random.randrange(2**32) if run_seed is None else run_seed,
+                stats=SuiteStats(),
+                isolated=sink is not None,
+                call_timeout_s=call_timeout_s,
+                time_budget_s=time_budget_s,
+            ),
+            watch,
+            database,
+            max_examples,
+            shrink,
+            progress,
+        )
+
+
+def _run_suite(
+    make: SchedulerFactory,
+    result: SchedulerRunResult,
+    watch: RunWatch,
+    database: Path | None,
+    max_examples: int | None,
+    shrink: bool,
+    progress: Callable[[str], None] | None,
+) -> SchedulerRunResult:
+    """The run, under its watch; ``make`` reports its calls to that watch."""
+    start = time.monotonic()
+    chosen, stats = PROFILES[result.profile], result.stats
+    try:
+        why = engine_unsupported(make(PROBE))
+    except CallTimeout:
+        return _hang(result, watch, None, start)
+    result.skipped = () if why is None else (f"token-exact equivalence: {why}",)
+    watch.send({"t": "start", "result": result})
     tick = _ticker(stats, progress)
+    budget = result.time_budget_s
+    current: list[Workload] = []  # the workload running now (a hang's)
 
     passes = [False, True]  # model-free, engine; once one fails, shrinking runs only that one
     failed_workloads: list[Workload] = []  # still fail when shrinking is out of budget
@@ -234,6 +345,11 @@ def run_scheduler_suite(
         spent = first is not None and stats.examples - first >= chosen.shrink_runs
         if spent and w not in failed_workloads:
             return  # out of budget: only what failed before fails now, so shrinking ends
+        late = budget is not None and time.monotonic() - start >= budget
+        if late and first is None and stats.examples:
+            raise _BudgetSpent
+        current[:] = [w]
+        watch.send({"t": "workload", "workload": w})
         stats.examples += 1
         tick()
         try:
@@ -244,6 +360,8 @@ def run_scheduler_suite(
                 passes[:] = [failed.engine]
             failed_workloads.append(w)
             raise
+        finally:
+            watch.send({"t": "stats", "stats": stats})
 
     strategy = workloads(
         max_requests=chosen.max_requests,
@@ -252,23 +370,61 @@ def run_scheduler_suite(
         sampling=True,
     )
     count = chosen.max_examples if max_examples is None else max_examples
-    config = _settings(count, _database(database, scheduler_ref), shrink)
-    start = time.monotonic()
+    config = _settings(count, _database(database, result.scheduler), shrink)
     try:
         # settings outermost: @seed alone would switch the example database off
         with same_draws_everywhere():
             config(seed(result.seed)(given(strategy)(example)))()
     except _Failed as failed:
         result.failure, result.workload = failed.error, failed.workload
+    except _BudgetSpent:
+        result.stopped = "time budget"
+    except CallTimeout:
+        return _hang(result, watch, current[0] if current else None, start)
     except FlakyFailure as group:
         inner = [e for e in group.exceptions if isinstance(e, _Failed)]
         if not inner:
-            raise
-        result.failure, result.workload, result.flaky = inner[0].error, inner[0].workload, True
+            _internal(result, group)
+        else:
+            result.failure, result.workload, result.flaky = inner[0].error, inner[0].workload, True
+    except (HypothesisException, Exception) as err:
+        _internal(result, err)
     if result.workload is not None:
-        _replay(make, result)
+        try:
+            _replay(make, result)
+        except CallTimeout:
+            return _hang(result, watch, result.workload, start)
     result.wall_time_s = time.monotonic() - start
+    result.slowest_call = watch.slowest
     return result
+
+
+def _hang(
+    result: SchedulerRunResult, watch: RunWatch, workload: Workload | None, start: float
+) -> SchedulerRunResult:
+    """The result of an in-process run whose call in flight passed the per-call timeout."""
+    call = watch.timed_out
+    what = "a scheduler call" if call is None else call.describe()
+    result.failure = SchedulerInvariantError(
+        HANG,
+        0 if call is None else call.step,
+        f"{what} did not return within {result.call_timeout_s:g} s (the per-call timeout; "
+        "--call-timeout sets it)",
+    )
+    result.workload = workload
+    result.wall_time_s = time.monotonic() - start
+    result.slowest_call = watch.slowest
+    return result
+
+
+def _internal(result: SchedulerRunResult, err: BaseException) -> None:
+    """An error out of the run that is not a scheduler's violation: reported, never a traceback."""
+    result.failure = SchedulerInvariantError(
+        INTERNAL,
+        0,
+        f"the suite stopped with an internal error: {type(err).__name__}: {err} (if the "
+        "scheduler is not at fault, please report this with the seed)",
+    )
 
 
 def _replay(make: SchedulerFactory, result: SchedulerRunResult) -> None:
