@@ -1,6 +1,6 @@
 """How many sequences fit: contiguous max-length reservation against paging.
 
-Run ``python -m paged_spec.capacity`` for the seeds' two worked examples, or pick a
+Run ``python -m paged_spec.capacity`` for two worked examples, or pick a
 preset and override any number (``--help``). The arithmetic is
 :mod:`spec.kv_budget`'s; this module adds model presets, a device budget and a
 report. For a model with more than one kind of memory (a fixed per-sequence
@@ -17,7 +17,7 @@ request inside a 4,096-token contiguous reservation wastes over 95% of it:
 >>> r.contiguous_fit, r.paged_fit        # 512 MiB: one 512 MiB reservation, or 19 such requests
 (1, 19)
 
-The seeds' hybrid 27B example: 64 KiB per token over its 16 full-attention
+A hybrid 27B example: 64 KiB per token over its 16 full-attention
 layers, 16 GiB at the full 262,144-token context; the 23,859 MiB pool holds one
 maximum reservation but ten 32,768-token sessions of 2,192 MiB (2 GiB of KV plus
 144 MiB of fixed state):
@@ -101,10 +101,10 @@ PRESETS: dict[str, ModelKV] = {
         window_layers=40, window=1024,
     ),
 }  # fmt: skip
-"""The seeds' models, each with its own weights (16 GB and 54 GB in bf16), and a windowed one.
+"""The worked examples' models, with weights (16 GB and 54 GB in bf16), and a windowed one.
 
 The 27B's 4 KV heads x 256 is one split of its 64 KiB per token; its preset pool
-is the seeds' 23,859 MiB, what an 80 GB device leaves after the weights and a
+is 23,859 MiB, what an 80 GB device leaves after the weights and a
 runtime reserve. ``--device-gb`` recomputes the pool from the preset's weights.
 ``gemma-style`` is illustrative, not a published model: Gemma 3's pattern of
 five 1,024-token sliding-window layers per global layer, on 48 layers of 4 KV
@@ -112,7 +112,7 @@ heads x 128 in bf16, with a 6 GiB pool.
 """
 
 DEFAULT_MODELS = ("llama-3.1-8b", "hybrid-27b")
-"""What ``python -m paged_spec.capacity`` prints with no ``--model``: the seeds' two examples."""
+"""What ``python -m paged_spec.capacity`` prints with no ``--model``: the two worked examples."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def format_bytes(n: int) -> str:
     """``n`` bytes in a binary unit a reader can take in at a glance.
 
     An exact count of the largest unit that divides ``n`` when it has at most
-    five digits (the seeds' "23,859 MiB"); otherwise two decimals of the largest
+    five digits ("23,859 MiB"); otherwise two decimals of the largest
     unit that fits, so a pool never reads as "54,687,500 KiB".
 
     >>> format_bytes(128 * KIB), format_bytes(2192 * MIB), format_bytes(16 * GIB)

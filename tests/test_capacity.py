@@ -1,4 +1,4 @@
-"""The capacity calculator reproduces the seeds' arithmetic, and paging never fits fewer."""
+"""The capacity calculator reproduces the worked examples, and paging never fits fewer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The capacity tool's allocator runs: the seeds' hybrid numbers, and what windows release.
+"""The capacity tool's allocator runs: the hybrid 27B's numbers, and what windows release.
 
 The figures come from admitting sequences into the spec's own memory side
 until one does not fit (:mod:`paged_spec._capacity_alloc`); where a formula
@@ -19,7 +19,7 @@ from spec.kv_budget import MIB, cdiv
 
 
 def test_hybrid_27b_from_the_allocator() -> None:
-    """One maximum reservation against ten 32,768-token sessions, as the seeds say."""
+    """One maximum reservation against ten 32,768-token sessions, as the worked example says."""
     reserve, sessions = allocator_fits(PRESETS["hybrid-27b"])
     assert (reserve.context, reserve.sequences, reserve.state_slots) == (262_144, 1, 1)
     assert (sessions.context, sessions.sequences, sessions.state_slots) == (32_768, 10, 10)
