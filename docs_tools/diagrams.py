@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from docs_tools.mixed_step import draw_mixed_step
 from paged_spec.sandbox import story
 from paged_spec.svg import StepView, capture, draw_memory, draw_schedule
 from spec.block_manager import BlockManager
@@ -192,6 +193,7 @@ DIAGRAMS: dict[str, Callable[[], str]] = {
     "beam-width-4": beam_width_4,
     "scheduler-loop": scheduler_loop,
     "static-loop": static_loop,
+    "mixed-step": draw_mixed_step,
 }
 """File name (without ``.svg``) -> the function that draws it."""
 
