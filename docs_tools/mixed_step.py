@@ -65,8 +65,10 @@ def _scheduled(svg: Svg, y: float, out: SchedulerOutput) -> None:
         pos = b.positions[lo]
         what = "decode" if b.query_len(i) == 1 and pos > 0 else f"chunk {pos}..{pos + hi - lo - 1}"
         fill, stroke = SEQ_COLORS[i]
-        svg.rect(LEFT + lo * CW + 2, y + 2, (hi - lo) * CW - 4, RH - 4, fill=fill, stroke=stroke)
-        svg.text(LEFT + (lo + hi) * CW / 2, y + RH / 2, f"seq {seq}: {what}", size=11, color=INK)
+        x, w = LEFT + lo * CW + 2, (hi - lo) * CW - 4
+        svg.rect(x, y - 4, w, RH + 4, fill=fill, stroke=stroke)
+        svg.text(x + w / 2, y + 6, f"seq {seq}", size=11, color=INK, bold=True)
+        svg.text(x + w / 2, y + 20, what, size=11, color=INK)
 
 
 def _per_sequence(svg: Svg, y: float, out: SchedulerOutput, block_size: int) -> float:
