@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from docs_tools.mixed_step import draw_mixed_step
 from paged_spec.sandbox import story
 from paged_spec.svg import StepView, capture, draw_memory, draw_schedule
 from spec.block_manager import BlockManager
@@ -30,7 +31,7 @@ OUT = ROOT / "docs" / "assets" / "diagrams"
 
 
 def block_table_scattered() -> str:
-    """Blocks 7, 3 and 19, as the seeds draw them: reuse scatters a table over the pool.
+    """Blocks 7, 3 and 19: reuse scatters a table over the pool.
 
     24 other sequences fill the pool; three of them finish (7, then 3, then 19),
     and a new 10-token sequence is granted exactly the blocks they returned, in
@@ -65,7 +66,7 @@ def fork_before_after() -> str:
 
 
 def beam_width_4() -> str:
-    """The seeds' pitfall: block size 16, a 20-token prompt, a beam of width 4, no divergence."""
+    """The classic pitfall: block size 16, a 20-token prompt, a beam of width 4, no divergence."""
     prompt = list(range(20))
     cow = BlockManager(num_blocks=16, block_size=16)
     cow.add_sequence(0, [])
@@ -166,7 +167,7 @@ STATIC_WAIT_STEPS = 3  # the static loop's timeout: r3 and r4 never fill a batch
 
 
 def static_loop() -> str:
-    """The seeds' static batching on the same requests: a batch waits until it is full (here
+    """Static batching (request-level) on the same requests: a batch waits until it is full (here
     3 seats) or its first request has waited :data:`STATIC_WAIT_STEPS` steps, then runs to
     completion before the next one forms."""
     c = LOOP_CONFIG
@@ -192,6 +193,7 @@ DIAGRAMS: dict[str, Callable[[], str]] = {
     "beam-width-4": beam_width_4,
     "scheduler-loop": scheduler_loop,
     "static-loop": static_loop,
+    "mixed-step": draw_mixed_step,
 }
 """File name (without ``.svg``) -> the function that draws it."""
 

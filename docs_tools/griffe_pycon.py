@@ -9,9 +9,10 @@
   (``block_size: int = 16  # tokens per block``); :class:`FieldComments` makes
   that comment the field's docstring, so the API pages list every field with
   its meaning.
-* Each function's page entry ends with the private rules it calls (``self._x(``
-  or a module's ``_x(``), linked to their own entries, whose source is shown:
-  :class:`PrivateCalls`.
+* The API pages show public members only. A public function's entry ends with
+  the private rules it calls (``self._x(`` or a module's ``_x(``), and the ones
+  those call, each with its source, so the spec's whole rule still reads in
+  one place: :class:`PrivateCalls`.
 
 >>> fence_doctests("Grows:\\n\\n>>> 1 + 1\\n2\\n\\nSee :class:`BlockPool`.").splitlines()
 ['Grows:', '', '```pycon', '>>> 1 + 1', '2', '```', '', 'See `BlockPool`.']
@@ -87,23 +88,47 @@ class FieldComments(griffe.Extension):
             attr.docstring = griffe.Docstring(comment, parent=attr)
 
 
+def _private_target(func: griffe.Function, name: str) -> griffe.Function | None:
+    """The private function ``name`` that ``func`` calls: its class's method, else its module's."""
+    parent = func.parent
+    target = parent.all_members.get(name) if parent is not None and parent.is_class else None
+    if target is None:
+        target = func.module.members.get(name)
+    if target is None or target.is_alias or not target.is_function or target.path == func.path:
+        return None
+    return target  # type: ignore[return-value]
+
+
+def private_rules(func: griffe.Function) -> list[griffe.Function]:
+    """The private functions ``func`` calls, and those they call, each once, in first-call order."""
+    found: dict[str, griffe.Function] = {}
+    todo = [func]
+    while todo:
+        caller = todo.pop(0)
+        for name in called_names(caller.source):
+            target = _private_target(caller, name)
+            if target is not None and target.path not in found and target.path != func.path:
+                found[target.path] = target
+                todo.append(target)
+    return list(found.values())
+
+
 class PrivateCalls(griffe.Extension):
-    """End each function's docstring with links to the private functions it calls."""
+    """End each public function's docstring with the private rules it calls, source included.
+
+    Private members are not rendered (the API pages show the public surface), so
+    the rules a public function delegates to are shown inside its entry instead.
+    """
 
     def on_function(self, *, func: griffe.Function, **kwargs: Any) -> None:
-        parent = func.parent
-        if parent is None:
+        if func.name.startswith("_") or func.parent is None:
             return
-        links = []
-        for name in called_names(func.source):
-            target = parent.all_members.get(name) if parent.is_class else None
-            if target is None:
-                target = func.module.members.get(name)
-            if target is not None and target.is_function and target.path != func.path:
-                links.append(f"[`{name}`][{target.path}]")
-        if not links:
+        rules = private_rules(func)
+        if not rules:
             return
-        note = "Private rules it calls: " + ", ".join(links) + "."
+        names = ", ".join(f"`{r.name}`" for r in rules)
+        blocks = "\n\n".join(f"```python\n{r.source.rstrip()}\n```" for r in rules)
+        note = f"Private rules it calls ({names}):\n\n{blocks}"
         if func.docstring is None:
             func.docstring = griffe.Docstring(note, parent=func)
         else:

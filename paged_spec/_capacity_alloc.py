@@ -39,7 +39,7 @@ CHUNK = 512
 
 @dataclass(frozen=True)
 class ModelKV:
-    """A model's KV geometry, its fixed per-sequence state, and a seed scenario to size.
+    """A model's KV geometry, its fixed per-sequence state, and a scenario to size.
 
     ``num_layers`` counts only the layers that cache K and V (a hybrid model's
     ``state_layers`` linear-attention layers keep ``state_bytes`` per sequence

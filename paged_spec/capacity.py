@@ -1,6 +1,6 @@
 """How many sequences fit: contiguous max-length reservation against paging.
 
-Run ``python -m paged_spec.capacity`` for the seeds' two worked examples, or pick a
+Run ``python -m paged_spec.capacity`` for two worked examples, or pick a
 preset and override any number (``--help``). The arithmetic is
 :mod:`spec.kv_budget`'s; this module adds model presets, a device budget and a
 report. For a model with more than one kind of memory (a fixed per-sequence
@@ -17,7 +17,7 @@ request inside a 4,096-token contiguous reservation wastes over 95% of it:
 >>> r.contiguous_fit, r.paged_fit        # 512 MiB: one 512 MiB reservation, or 19 such requests
 (1, 19)
 
-The seeds' hybrid 27B example: 64 KiB per token over its 16 full-attention
+A hybrid 27B example: 64 KiB per token over its 16 full-attention
 layers, 16 GiB at the full 262,144-token context; the 23,859 MiB pool holds one
 maximum reservation but ten 32,768-token sessions of 2,192 MiB (2 GiB of KV plus
 144 MiB of fixed state):
@@ -77,13 +77,17 @@ __all__ = [
     "capacity",
     "format_bytes",
     "main",
+    "mib",
+    "preset_pool_origin",
+    "report",
     "windowless_fit",
 ]
 
 
 # An H200 (141 GB) at 90% memory utilization, less 16 GB of bf16 weights.
+_H200_GB, _H200_UTILIZATION = 141, 0.9
 _8B_WEIGHTS = 16 * 10**9
-_H200_8B_POOL = int(141e9 * 0.9) - _8B_WEIGHTS
+_H200_8B_POOL = int(_H200_GB * 1e9 * _H200_UTILIZATION) - _8B_WEIGHTS
 
 PRESETS: dict[str, ModelKV] = {
     "llama-3.1-8b": ModelKV(
@@ -101,10 +105,10 @@ PRESETS: dict[str, ModelKV] = {
         window_layers=40, window=1024,
     ),
 }  # fmt: skip
-"""The seeds' models, each with its own weights (16 GB and 54 GB in bf16), and a windowed one.
+"""The worked examples' models, with weights (16 GB and 54 GB in bf16), and a windowed one.
 
 The 27B's 4 KV heads x 256 is one split of its 64 KiB per token; its preset pool
-is the seeds' 23,859 MiB, what an 80 GB device leaves after the weights and a
+is 23,859 MiB, what an 80 GB device leaves after the weights and a
 runtime reserve. ``--device-gb`` recomputes the pool from the preset's weights.
 ``gemma-style`` is illustrative, not a published model: Gemma 3's pattern of
 five 1,024-token sliding-window layers per global layer, on 48 layers of 4 KV
@@ -112,7 +116,7 @@ heads x 128 in bf16, with a 6 GiB pool.
 """
 
 DEFAULT_MODELS = ("llama-3.1-8b", "hybrid-27b")
-"""What ``python -m paged_spec.capacity`` prints with no ``--model``: the seeds' two examples."""
+"""What ``python -m paged_spec.capacity`` prints with no ``--model``: the two worked examples."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ def format_bytes(n: int) -> str:
     """``n`` bytes in a binary unit a reader can take in at a glance.
 
     An exact count of the largest unit that divides ``n`` when it has at most
-    five digits (the seeds' "23,859 MiB"); otherwise two decimals of the largest
+    five digits ("23,859 MiB"); otherwise two decimals of the largest
     unit that fits, so a pool never reads as "54,687,500 KiB".
 
     >>> format_bytes(128 * KIB), format_bytes(2192 * MIB), format_bytes(16 * GIB)
@@ -213,53 +217,94 @@ def format_bytes(n: int) -> str:
     return f"{n:,} B"
 
 
-def _allocator_rows(model: ModelKV) -> list[tuple[str, str]]:
-    """The spec allocator's lines: each scenario's fit and how the pools were split."""
-    layout = group_layout(model)
-    rows = [("KV cache groups", layout.describe(model))]
+def mib(n: int) -> str:
+    """``n`` bytes in MiB, the unit of every byte column of the report.
+
+    >>> mib(2192 * MIB), mib(MIB // 2), mib(int(110.9e9))
+    ('2,192', '0.50', '105,762')
+    """
+    if n % MIB == 0 or n >= 1000 * MIB:
+        return f"{round(n / MIB):,}"
+    return f"{n / MIB:,.2f}"
+
+
+def preset_pool_origin(name: str) -> str:
+    """Where a preset's pool comes from: a device budget, or a figure the preset gives."""
+    return {
+        "llama-3.1-8b": _device_origin(_H200_GB, _H200_UTILIZATION, _8B_WEIGHTS),
+        "hybrid-27b": "the preset, an 80 GB device less 54 GB of weights and a runtime reserve",
+        "gemma-style": "the preset, an illustrative 6 GiB",
+    }.get(name, "the preset")
+
+
+def _device_origin(device_gb: float, utilization: float, weights_bytes: int) -> str:
+    return (
+        f"{device_gb:g} GB device x {utilization:g} utilization"
+        f" - {weights_bytes / 1e9:g} GB of weights"
+    )
+
+
+Row = tuple[str, str, str, str]  # label, MiB a sequence, sequences that fit, note
+
+
+def _allocator_rows(model: ModelKV) -> list[Row]:
+    """The spec allocator's rows: each scenario's fit and how the pools were split."""
+    rows: list[Row] = []
     fits = allocator_fits(model)
     for fit in fits:
         pools = f"{fit.blocks:,} blocks of {format_bytes(fit.block_bytes)}"
         if fit.state_slots:
             slots = "slot" if fit.state_slots == 1 else "slots"
             pools = f"{fit.state_slots:,} state {slots} + {pools}"
-        rows.append((f"allocator, {fit.context:,} tokens", f"{fit.sequences:,} fit: {pools}"))
+        rows.append((f"allocator, {fit.context:,} tokens", "", f"{fit.sequences:,}", pools))
     if model.window_layers:
         whole = windowless_fit(model)
         gain = f"{fits[-1].sequences / whole.sequences:.1f}x" if whole.sequences else "all"
-        rows.append(
-            ("windows kept whole", f"{whole.sequences:,} fit: releasing fits {gain} as many")
-        )
+        rows.append(("windows kept whole", "", f"{whole.sequences:,}", f"releasing fits {gain}"))
     return rows
 
 
-def report(c: Capacity, model: ModelKV | None = None) -> str:
-    """The human-readable table ``python -m paged_spec.capacity`` prints.
+def report(c: Capacity, model: ModelKV | None = None, pool_origin: str = "") -> str:
+    """The human-readable report ``python -m paged_spec.capacity`` prints.
 
-    With ``model`` (a hybrid or windowed one), the spec allocator's lines follow.
+    Two lines of geometry and budget (the pool, and ``pool_origin``: where it
+    comes from), then one table whose columns each keep one unit: MiB a
+    sequence, and sequences. With ``model`` (a hybrid or windowed one), the
+    spec allocator's rows follow the formula's.
     """
-    rows = [
-        ("KV per token", format_bytes(c.kv_bytes_per_token)),
-        (f"KV per block (B={c.block_size})", format_bytes(c.bytes_per_block)),
-        ("pool", f"{format_bytes(c.pool_bytes)} = {c.pool_blocks:,} blocks"),
+    head = [
+        f"== {c.model}: {format_bytes(c.kv_bytes_per_token)} of KV a token,"
+        f" {format_bytes(c.bytes_per_block)} a block of {c.block_size} tokens",
+        f"pool: {mib(c.pool_bytes)} MiB = {c.pool_blocks:,} blocks",
+        *([f"pool from: {pool_origin}"] if pool_origin else []),
+    ]
+    gain = f"{c.gain:.1f}x" if c.contiguous_fit else ""
+    rows: list[Row] = [
+        ("", "MiB a sequence", "sequences", ""),
         (
             f"contiguous, reserve {c.max_len:,}",
-            f"{format_bytes(c.contiguous_seq_bytes)} per sequence -> {c.contiguous_fit:,} fit",
+            mib(c.contiguous_seq_bytes),
+            f"{c.contiguous_fit:,}",
+            "",
         ),
         (
             f"paged, context {c.context:,}",
-            f"{format_bytes(c.paged_seq_bytes)} per sequence -> {c.paged_fit:,} fit"
-            f" ({c.gain:.1f}x)",
-        ),
-        (
-            "reservation left empty",
-            f"{c.contiguous_waste:.1%} (a {c.context:,}-token sequence in {c.max_len:,} slots)",
+            mib(c.paged_seq_bytes),
+            f"{c.paged_fit:,}",
+            gain,
         ),
     ]
     if model is not None and model.has_groups:
         rows += _allocator_rows(model)
-    width = max(len(k) for k, _ in rows)
-    return "\n".join([f"== {c.model}"] + [f"{k:<{width}}  {v}" for k, v in rows])
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    table = [f"{a:<{w[0]}}  {b:>{w[1]}}  {n:>{w[2]}}  {note}".rstrip() for a, b, n, note in rows]
+    tail = [
+        f"a {c.context:,}-token sequence leaves {c.contiguous_waste:.1%} of a"
+        f" {c.max_len:,}-token reservation empty"
+    ]
+    if model is not None and model.has_groups:
+        tail.append(f"KV cache groups: {group_layout(model).describe(model)}")
+    return "\n".join([*head, "", *table, "", *tail])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -307,6 +352,16 @@ def _pool_from_device(base: ModelKV, a: argparse.Namespace) -> int:
     return pool
 
 
+def _pool_origin(base: ModelKV, a: argparse.Namespace) -> str:
+    """Where the pool of ``base`` under these arguments comes from, in words."""
+    if a.pool_mib is not None:
+        return f"--pool-mib {a.pool_mib:g}"
+    if a.device_gb is not None:
+        weights = base.weights_bytes if a.weights_gb is None else int(a.weights_gb * 1e9)
+        return _device_origin(a.device_gb, a.utilization, weights)
+    return preset_pool_origin(base.name)
+
+
 def _model_from_args(base: ModelKV, a: argparse.Namespace) -> ModelKV:
     pool = base.pool_bytes
     if a.pool_mib is not None:
@@ -338,12 +393,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the capacity of each chosen preset (default: every preset)."""
     args = _parser().parse_args(argv)
     try:
-        models = [_model_from_args(PRESETS[name], args) for name in args.model or DEFAULT_MODELS]
+        names = args.model or DEFAULT_MODELS
+        models = [_model_from_args(PRESETS[name], args) for name in names]
         results = [(m, capacity(m)) for m in models]
         if args.json:
             print(json.dumps([_json(m, r) for m, r in results], indent=2))
         else:
-            print("\n\n".join(report(r, m) for m, r in results))
+            origins = [_pool_origin(PRESETS[name], args) for name in names]
+            print("\n\n".join(report(r, m, o) for (m, r), o in zip(results, origins, strict=True)))
     except (ValueError, SpecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""The seeds' toy block table, run on the spec: grow, fork, write into a shared block, free.
+"""A toy block table (block size 4), run on the spec: grow, fork, write into a shared block, free.
 
 ``python -m paged_spec.sandbox [--block-size 4] [--tokens 10] [--out DIR]``
 

@@ -2,7 +2,7 @@
 
 ``python -m paged_spec.simulate`` serves one synthetic trace (Poisson arrivals,
 ShareGPT-like lengths) four ways on the spec's own schedulers and block
-manager (static batching as the seeds define it, waiting for a full batch;
+manager (static batching as Orca's request-level scheduling, waiting for a full batch;
 static batching that takes whoever is waiting; continuous batching on
 max-length slabs; continuous batching on paged memory), timing each step
 with a roofline model of an 8B model on an H200-class GPU (see
@@ -10,7 +10,7 @@ with a roofline model of an 8B model on an H200-class GPU (see
 ``results.json`` and three PNG figures into ``--out`` (default
 ``out/simulate``) and prints:
 
-* the throughput of continuous batching (paged) over the seeds' static
+* the throughput of continuous batching (paged) over static
   batching, and the split of that gain into scheduling (continuous over
   static, both reserving the maximum) and memory (paged over contiguous, both
   continuous);
@@ -18,7 +18,7 @@ with a roofline model of an 8B model on an H200-class GPU (see
   slots that hold a token's KV, averaged over the time in which requests were
   waiting (when memory, not demand, limits the batch).
 
-``--model hybrid-27b`` serves the seeds' hybrid model instead: its clock
+``--model hybrid-27b`` serves a hybrid model instead: its clock
 adds the reading and writing of each sequence's fixed-size state, and its
 memory runs through two KV cache groups, the paged full-attention KV and one
 state slot per seat taken out of the pool first (``--max-num-seqs`` seats;
@@ -36,7 +36,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ import numpy as np
 from paged_spec._cli import positive_float, positive_floats, positive_int
 from paged_spec.sim.config import SimConfig
 from paged_spec.sim.cost import MODEL_PRESETS, idle_step_seconds
+from paged_spec.sim.progress import LineSink, progress_line, run_jobs
 from paged_spec.sim.run import POLICIES, Timeline, run
 from paged_spec.sim.scenarios import SCENARIOS
 from paged_spec.sim.traffic import LENGTH_PRESETS
@@ -55,36 +55,48 @@ __all__ = ["SimConfig", "main", "simulate", "write_outputs"]
 
 
 def _job(
-    policy: str, rate: float, cfg: SimConfig, main_run: bool, quiet: bool
+    policy: str,
+    rate: float,
+    cfg: SimConfig,
+    main_run: bool,
+    progress_every: float,
+    sink: LineSink | None,
 ) -> tuple[str, float, dict[str, Any], Timeline | None]:
-    """One run; top-level so that worker processes can pickle it."""
+    """One run; top-level so that worker processes can pickle it. Progress goes to ``sink``."""
 
     def progress(done: int, total: int, clock: float) -> None:
-        if not quiet:
-            print(
-                f"  {policy:>10} @ {rate:g}/s: {done}/{total} done, t={clock:.1f}s", file=sys.stderr
-            )
+        if sink is not None:
+            sink.put(progress_line(policy, rate, done, total, clock))
 
     members = cfg.member_seconds if main_run else 0.0
     metrics, tl = run(
-        policy, cfg.trace(rate), cfg.engine(), member_seconds=members, progress=progress
+        policy,
+        cfg.trace(rate),
+        cfg.engine(),
+        member_seconds=members,
+        progress=progress,
+        progress_every=progress_every,
     )
     return policy, rate, metrics, tl if main_run else None
 
 
-def simulate(cfg: SimConfig, *, jobs: int = 1, quiet: bool = True) -> dict[str, Any]:
-    """Every policy at every rate; the last rate's runs also keep their timelines."""
+def simulate(
+    cfg: SimConfig, *, jobs: int = 1, quiet: bool = True, progress_every: float = 1.0
+) -> dict[str, Any]:
+    """Every policy at every rate; the last rate's runs also keep their timelines.
+
+    Unless ``quiet``, each run reports on stderr every ``progress_every`` seconds
+    of wall time, one whole line at a time (:mod:`paged_spec.sim.progress`).
+    """
     if not cfg.rates or min(cfg.rates) <= 0:
         raise ValueError(f"rates must be positive, got {cfg.rates}")
     main_rate = cfg.rates[-1]
     engine = cfg.engine()
     tick = idle_step_seconds(engine.gpu, engine.model)
-    tasks = [(p, r, cfg, r == main_rate, quiet) for r in reversed(cfg.rates) for p in POLICIES]
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            done = list(pool.map(_job, *zip(*tasks, strict=True)))
-    else:
-        done = [_job(*t) for t in tasks]
+    tasks = [
+        (p, r, cfg, r == main_rate, progress_every) for r in reversed(cfg.rates) for p in POLICIES
+    ]
+    done = run_jobs(_job, tasks, jobs=jobs, quiet=quiet)
     by_key = {(p, r): (m, tl) for p, r, m, tl in done}
     main_runs = {p: by_key[p, main_rate] for p in POLICIES}
     results: dict[str, Any] = {

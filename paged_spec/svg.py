@@ -401,10 +401,13 @@ def draw_schedule(
             svg.text(x + cw / 2, y + 11 + i * 22, shown, size=11, color="#374151")
         used = step.used_blocks / num_blocks
         by = y + 2 * 22 + 2
-        svg.rect(x + 6, by, cw - 12, 14, fill="#ffffff", stroke="#9ca3af")
+        # The fill has no edge of its own (a dark edge would cut through the label)
+        # and is pale enough for the near-black label to read over it.
+        svg.rect(x + 6, by, cw - 12, 14, fill="#ffffff", stroke="#ffffff")
         if used:
-            svg.rect(x + 6, by, (cw - 12) * used, 14, fill="#93c5fd", stroke="#2563eb")
-        svg.text(x + cw / 2, by + 8, f"{step.used_blocks}/{num_blocks}", size=10)
+            svg.rect(x + 6, by, (cw - 12) * used, 14, fill="#bfdbfe", stroke="#bfdbfe")
+        svg.rect(x + 6, by, cw - 12, 14, fill="none", stroke="#2563eb")
+        svg.text(x + cw / 2, by + 8, f"{step.used_blocks}/{num_blocks}", size=10, color="#111827")
     rows_y = top + len(requests) * ch + 6
     for i, name in enumerate(("admitted", "finished", "blocks used")):
         svg.text(10, rows_y + 11 + i * 22, name, anchor="start", size=12, color="#374151")

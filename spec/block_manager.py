@@ -5,7 +5,7 @@ lives in slot ``table[p // B] * B + p % B`` of the flattened pool. The table
 grows one block at a time, when its last block fills, so a sequence wastes at
 most ``B - 1`` slots, in its last block.
 
-The seeds' pitfall, with B = 16: a request that ends at 20 tokens holds two
+The classic pitfall, with B = 16: a request that ends at 20 tokens holds two
 blocks and wastes 12 slots.
 
 >>> m = BlockManager(num_blocks=10, block_size=16)

@@ -64,7 +64,7 @@ reads), and so does one swap list. Fixed-size state cannot share those ids: a
 state slot is not a block, its size has nothing to do with ``B`` tokens, and
 its lifecycle differs (one per sequence from admission to finish, copied on
 fork, never cached). It is a second pool, of ``num_state_slots`` slots, as
-the seeds' hybrid lesson says: "two pools with different lifecycles".
+a hybrid model needs: two pools with different lifecycles.
 
 **Bytes, exactly.** With paged groups of ``L_g`` layers, ``H_kv`` KV heads
 of dimension ``D`` and ``s`` bytes an element, block ``b`` held by group
@@ -76,7 +76,7 @@ pool costs ``num_blocks * 2 * B * max_g L_g * H_kv * D * s`` bytes, and groups
 of equal size waste nothing: split a model's windowed layers into groups of
 the full-attention group's size (``paged_spec.capacity`` does). The state pool
 costs ``num_state_slots * state_bytes``, where ``state_bytes`` is one
-sequence's state over every state layer (144 MiB for the seeds' 27B). The
+sequence's state over every state layer (144 MiB for the hybrid 27B). The
 host pools cost the same per block and per slot. The contract's own layout
 (one array per layer, :mod:`spec.backend`) is simpler and allocates every
 layer's ``num_blocks`` pages, ``sum_g L_g / max_g L_g`` times the pool: right

@@ -20,10 +20,10 @@ waste of a paged sequence being at most ``B - 1`` slots:
 
 >>> blocks_for_tokens(200, block_size=16), paged_tail_waste(200, block_size=16)
 (13, 8)
->>> blocks_for_tokens(20, 16), paged_tail_waste(20, 16)     # the seeds' pitfall
+>>> blocks_for_tokens(20, 16), paged_tail_waste(20, 16)     # the classic pitfall
 (2, 12)
 
-The seeds' hybrid 27B example: only its 16 full-attention layers cache K and V
+A hybrid 27B example: only its 16 full-attention layers cache K and V
 (here 4 KV heads of dim 256 in bf16), 64 KiB per token, so one sequence at the
 full 262,144-token context costs 16 GiB. Its 48 linear-attention layers keep a
 fixed 144 MiB float32 state per sequence instead. A 23,859 MiB pool holds one

@@ -1,12 +1,13 @@
 """Static batching, the baseline continuous batching replaces: form a batch, run it to the end.
 
-The seeds' definition: "Static batching waits until a batch fills, then runs
-every member to completion. The GPU goes idle when short sequences finish.
-Late joiners wait for the next batch. Tail latency follows the longest member."
+Static batching (what Orca, Yu et al., OSDI 2022, calls request-level
+scheduling) waits until a batch fills, then runs every member to completion.
+The GPU goes idle when short sequences finish, late joiners wait for the next
+batch, and tail latency follows the longest member.
 
 :class:`StaticScheduler` does exactly that, with one knob, ``max_wait_steps``:
 
-* ``max_wait_steps > 0``: **the seeds' static batching.** While no batch is
+* ``max_wait_steps > 0``: **static batching as defined above.** While no batch is
   running, requests gather in a lobby. A batch starts when it is *full*: its
   members take every seat (``max_num_seqs``), or the next request in line
   would not fit the pool at its worst case beside them. So that the last,
@@ -70,7 +71,7 @@ class StaticScheduler(ContinuousScheduler):
 
     ``max_wait_steps``: how many steps a batch may wait to fill (see the
     module docstring). ``StaticScheduler(config, max_wait_steps=K)`` with
-    ``K > 0`` is the seeds' static batching; the default 0 takes whatever is
+    ``K > 0`` is static batching as defined above; the default 0 takes whatever is
     waiting, never idling. Use ``functools.partial(StaticScheduler,
     max_wait_steps=K)`` where a factory of one argument (the config) is wanted.
     """

@@ -62,7 +62,7 @@ copies it. It reserves ``n`` seats from admission, so the fork always fits.
 
 Static batching, the baseline, is :class:`StaticScheduler`: a batch forms,
 runs to completion, and only then does the next one form; with
-``max_wait_steps > 0`` a batch first waits to fill, as the seeds define it
+``max_wait_steps > 0`` a batch first waits to fill, as request-level scheduling does
 (:mod:`spec.sched_static`).
 
 The code, by role: :mod:`spec.sched_policy` (the configuration and the

@@ -1,4 +1,4 @@
-"""The capacity calculator reproduces the seeds' arithmetic, and paging never fits fewer."""
+"""The capacity calculator reproduces the worked examples, and paging never fits fewer."""
 
 from __future__ import annotations
 
@@ -40,11 +40,44 @@ def test_hybrid_27b_seed_numbers() -> None:
     assert r.bytes_per_block == 1 * MIB  # "a tidy 1 MiB physical block"
 
 
-def test_cli_prints_every_seed_number(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_every_worked_number(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
     out = capsys.readouterr().out
-    for text in ("128 KiB", "95.1%", "64 KiB", "16,528 MiB", "-> 1 fit", "2,192 MiB", "-> 10 fit"):
+    for text in (
+        "128 KiB of KV a token",
+        "95.1%",
+        "64 KiB of KV a token",
+        "contiguous, reserve 262,144          16,528          1\n",
+        "paged, context 32,768                 2,192         10  10.0x\n",
+    ):
         assert text in out, f"{text!r} missing from:\n{out}"
+
+
+def test_the_report_says_where_its_pool_comes_from(capsys: pytest.CaptureFixture[str]) -> None:
+    """Device, utilization and weights when the pool is derived; the preset or the flag if not."""
+    assert main(["--model", "llama-3.1-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "pool from: 141 GB device x 0.9 utilization - 16 GB of weights\n" in out, out
+    assert main(["--model", "hybrid-27b", "--device-gb", "80", "--utilization", "0.8"]) == 0
+    assert (
+        "pool from: 80 GB device x 0.8 utilization - 54 GB of weights\n" in capsys.readouterr().out
+    )
+    assert main(["--model", "hybrid-27b"]) == 0
+    assert "pool from: the preset, an 80 GB device less 54 GB" in capsys.readouterr().out
+    assert main(["--model", "gemma-style", "--pool-mib", "512"]) == 0
+    assert "pool from: --pool-mib 512\n" in capsys.readouterr().out
+
+
+def test_each_column_keeps_one_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    """Byte figures in the table are bare numbers under a header that names the unit."""
+    argv = ["--model", "llama-3.1-8b", "--layers", "1", "--dtype-bytes", "1", "--context", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "MiB a sequence" in line)
+    assert header.split() == ["MiB", "a", "sequence", "sequences"]
+    rows = [line for line in out.splitlines() if line.startswith(("contiguous", "paged"))]
+    assert [r.split()[-3 if r.startswith("paged") else -2] for r in rows] == ["8", "0.03"]
+    assert not any(unit in r for r in rows for unit in ("KiB", "MiB", "GiB", " B "))
 
 
 def test_cli_json_and_overrides(capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,14 +106,13 @@ def test_presets_carry_their_own_weights(capsys: pytest.CaptureFixture[str]) -> 
     [row] = json.loads(capsys.readouterr().out)
     assert row["pool_bytes"] == int(80e9 * 0.9) - 16 * 10**9
     assert main(["--model", "hybrid-27b", "--device-gb", "80", "--weights-gb", "27"]) == 0
-    assert "pool                         41.91 GiB" in capsys.readouterr().out
+    assert "pool: 42,915 MiB = 42,915 blocks\n" in capsys.readouterr().out
 
 
 def test_pools_print_in_a_readable_unit(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--model", "hybrid-27b", "--device-gb", "80"]) == 0
     out = capsys.readouterr().out
-    assert "pool                         16.76 GiB = 17,166 blocks" in out, out
-    assert "KiB =" not in out
+    assert "pool: 17,166 MiB = 17,166 blocks\n" in out, out
 
 
 def test_budget_functions_reject_bad_input() -> None:

@@ -147,7 +147,9 @@ def test_every_dataclass_field_of_the_spec_says_what_it_holds() -> None:
 
 
 def test_api_pages_show_fields_and_private_rules() -> None:
-    """Dataclass fields get their trailing comments; functions list the private rules they call."""
+    """Dataclass fields get their trailing comments; a public function shows the private
+    rules it calls, and the ones those call, with their source (private members are not
+    rendered on their own)."""
     import griffe
 
     extensions = griffe.load_extensions(
@@ -157,9 +159,12 @@ def test_api_pages_show_fields_and_private_rules() -> None:
     config = spec["scheduler.SchedulerConfig"]
     assert "host pool for swapping" in config["num_host_blocks"].docstring.value
     append = spec["block_manager.BlockManager.append_slots"].docstring.value
-    assert "[`_needs_copy`][spec.block_manager.BlockManager._needs_copy]" in append, append
-    assert "[`_copy_on_write`]" in append
+    assert "Private rules it calls (" in append and "`_needs_copy`" in append, append
+    assert "def _needs_copy(" in append and "def _copy_on_write(" in append
     step = spec["scheduler.ContinuousScheduler.step"].docstring.value
-    assert "[`_admit`][spec.sched_continuous.ContinuousScheduler._admit]" in step, step
-    schedule = spec["scheduler.ContinuousScheduler._schedule_running"].docstring.value
-    assert "[`_preempt`]" in schedule, schedule
+    assert "def _admit(" in step and "def _preempt(" in step, step  # _preempt: called by a callee
+    assert step.count("def _preempt(") == 1
+    schedule = spec["scheduler.ContinuousScheduler._schedule_running"].docstring
+    assert schedule is None or "Private rules" not in schedule.value  # a private one: not shown
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    assert 'filters: ["!^_"]' in mkdocs  # public members only

@@ -1,4 +1,4 @@
-"""Static batching as the seeds define it: wait until a batch fills, then run it to completion.
+"""Static (request-level) batching: wait until a batch fills, then run it to completion.
 
 A driver submits requests at random steps to ``StaticScheduler(config,
 max_wait_steps=K)`` and checks every step: nobody joins a batch in flight; a

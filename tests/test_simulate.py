@@ -1,5 +1,6 @@
 """The serving simulator: it runs on the spec's schedulers, conserves tokens, and reproduces
-the ordering the seeds argue (continuous beats static, paging packs memory tighter)."""
+the ordering Orca and the PagedAttention paper argue
+(continuous beats static, paging packs memory tighter)."""
 
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ def test_docs_figures_come_from_this_code() -> None:
 
 
 def test_static_batch_waits_to_fill_on_an_idle_clock() -> None:
-    """The seeds' static batching idles, one tick a step, until its batch fills or times out."""
+    """Static batching idles, one tick a step, until its batch fills or times out."""
     engine = replace(TINY, max_num_seqs=2, static_wait_steps=50)
     tick = idle_step_seconds(engine.gpu, engine.model)
     pair = [TraceRequest(0.0, 10, 3), TraceRequest(0.1, 10, 3)]  # the second fills the batch

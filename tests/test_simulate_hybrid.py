@@ -1,4 +1,4 @@
-"""The simulator serves the seeds' hybrid 27B: its clock pays for the state, its memory runs
+"""The simulator serves the hybrid 27B: its clock pays for the state, its memory runs
 through a full-attention group and a state group, one slot per seat."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ clones of every beam would hold; :func:`contiguous_beam_search` is the plain
 reference (each beam recomputed alone with contiguous attention). They must
 return the same beams: the same tokens, and scores equal up to float32 rounding.
 
-The seeds' example, a 20-token prompt at width 4 with 16-token blocks: the
+The classic example, a 20-token prompt at width 4 with 16-token blocks: the
 first fork shares the prompt's 2 blocks (2 held where clones take 8); the
 first write copies the shared partial block for all but the last writer:
 
@@ -61,7 +61,7 @@ class BeamStep:
     """The memory of one step of the paged search.
 
     ``held_at_fork``: distinct blocks after the step's forks and frees, before
-    any write (the seeds' "2 vs 8"); ``held``: after its writes, copies
+    any write ("2 vs 8"); ``held``: after its writes, copies
     included; ``clones``: what the same beams would hold as full copies.
     """
 

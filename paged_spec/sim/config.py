@@ -26,7 +26,7 @@ class SimConfig:
     max_model_len: int = 2048
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 2048
-    static_wait_steps: int = 300  # the seeds' static batch waits to fill this many steps at most
+    static_wait_steps: int = 300  # a static batch waits to fill this many steps at most
     member_seconds: float = 10.0  # seconds of batch membership to record for the figure
     timeline_points: int = 400
 

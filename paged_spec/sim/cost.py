@@ -23,7 +23,7 @@ less, so the clock uses the measured rate).
 >>> round(step_seconds(gpu, model, [(2048, 2048)]) * 1e3, 1)      # one 2,048-token prefill
 42.9
 
-A hybrid model (the seeds' 27B: 16 full-attention layers, 48 DeltaNet
+A hybrid model (a 27B: 16 full-attention layers, 48 DeltaNet
 layers with 144 MiB of float32 state a sequence) also reads and writes each
 scheduled sequence's state once a step: ten 32,768-token sessions decode in
 11.25 ms of weights, 4.5 ms of KV and 0.6 ms of state:
@@ -83,9 +83,9 @@ MODEL_PRESETS = {
         num_kv_heads=4, head_dim=256, state_bytes=144 * 2**20,
     ),
 }  # fmt: skip
-"""The 8B of the seeds, and their hybrid 27B: ``num_layers`` counts the layers that keep K
+"""Llama 3.1 8B, and a hybrid 27B: ``num_layers`` counts the layers that keep K
 and V (16; 64 KiB a token), ``state_bytes`` the other 48 layers' state; its 16 query heads
-are an assumption of this model (the seeds give only the KV bill)."""
+are an assumption of this model (the worked example gives only the KV bill)."""
 
 
 def step_seconds(gpu: Gpu, model: ModelCost, work: Iterable[tuple[int, int]]) -> float:

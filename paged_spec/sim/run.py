@@ -25,7 +25,7 @@ steps is about ``K`` ticks from the head request's arrival.
 
 Four policies share the scheduler code and the pool's bytes:
 
-* ``static``: the seeds' static batching, :class:`~spec.scheduler.StaticScheduler`
+* ``static``: request-level static batching, :class:`~spec.scheduler.StaticScheduler`
   on 16-token blocks with ``max_wait_steps=static_wait_steps``: a batch waits
   until it is full (every seat taken, or the next request would not fit the
   pool at its worst case) or its head request has waited that many steps,
@@ -147,8 +147,12 @@ def run(
     *,
     member_seconds: float = 0.0,
     progress: Progress | None = None,
+    progress_every: float = 1.0,
 ) -> tuple[dict[str, Any], Timeline]:
     """Serve ``trace`` under ``policy``; return its metrics and per-step timeline.
+
+    ``progress``: called every ``progress_every`` seconds of wall time, and
+    once more when the trace is served.
 
     ``member_seconds``: record which requests are in the batch in the steps that
     start in that many first seconds (``Timeline.members``).
@@ -191,9 +195,11 @@ def run(
             del queued[rid]
         sampled = {s.seq_id: _next_token(s.position, trace[s.request_id]) for s in out.samples}
         done += len(sched.update(sampled))
-        if progress and time.monotonic() - last_report > 1.0:
+        if progress and time.monotonic() - last_report >= progress_every:
             progress(done, len(trace), clock)
             last_report = time.monotonic()
+    if progress:
+        progress(done, len(trace), clock)
     tl.requests, tl.rejections = dict(sched.metrics.timelines), rejected
     return _summarize(sched, trace, tl, rejected), tl
 
