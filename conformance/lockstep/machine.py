@@ -48,6 +48,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from conformance.bounds.checker import BoundsChecker
 from conformance.judges.coverage import Coverage
 from conformance.judges.numerics import Margins
+from conformance.judges.oracle import OracleChoice
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.envelope import Envelope
 from conformance.lockstep.groups import group_label
@@ -132,8 +133,10 @@ class LockstepMachine(RuleBasedStateMachine):
         stats: RunStats,
         on_example: Callable[[], None],
         bounds: BoundsChecker | None = None,
+        oracle: OracleChoice | None = None,
     ) -> None:
         super().__init__()
+        self.oracle = oracle  # the run's reference settings (None: the backend device's default)
         self.backend = backend
         self.bounds = bounds  # the run's bounds checker, shared by its examples
         self.plan = plan
@@ -178,6 +181,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 coverage=self.stats.coverage,
                 margins=self.stats.margins,
                 bounds=self.bounds,
+                oracle=self.oracle,
             )
         except ConformanceFailure:
             self.stats.note_failure()
