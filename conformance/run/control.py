@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from conformance.bounds.checker import MODES
 from conformance.errors import SetupError
+from conformance.judges.oracle import memory_limit_from
 
 _T = TypeVar("_T")
 
@@ -155,6 +156,7 @@ def environment_options(environ: Mapping[str, str] | None = None) -> Environment
             time_budget_s=get("PAGED_SPEC_TIME_BUDGET", seconds),
             call_timeout_s=DEFAULT_CALL_TIMEOUT_S if timeout is None else timeout or None,
             check_bounds=get("PAGED_SPEC_CHECK_BOUNDS", _bounds_setting) or None,
+            reference_memory=get("PAGED_SPEC_REFERENCE_MEMORY", memory_limit_from),
         ),
     )
 
