@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from backend_gpu.torch_backend import TorchBackend
+from benchmarks.conformance_device import table
 from conformance.lockstep.driver import Lockstep
 from conformance.lockstep.workload import WorkloadConfig, scale_for
 from spec.kv_budget import cdiv
@@ -124,7 +125,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seqs", type=int, default=64)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--decodes", type=int, default=8)
+    parser.add_argument(
+        "--device-shapes",
+        action="store_true",
+        help="per kind of device-envelope step: backend, reference, comparison and bookkeeping "
+        "time and peak memory, numpy reference beside the fast one (benchmarks.conformance_device)",
+    )
+    parser.add_argument(
+        "--scale", type=int, default=1, help="with --device-shapes: divide seqs and lengths by N"
+    )
     args = parser.parse_args(argv)
+    if args.scale < 1:
+        parser.error(f"--scale must be at least 1, got {args.scale}")
+    if args.device_shapes:
+        print(
+            f"Suite vs torch backend per step, head dim 128, 32/8 heads, block 16, float16, "
+            f"shapes divided by {args.scale} (one run each, fresh process)"
+        )
+        print("\n".join(table(args.scale)))
+        return 0
     rows = run(args.seqs, args.context, args.decodes)
     print(
         f"Conformance suite vs torch backend, head dim 128, 32/8 heads, block 16, float16, "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conformance.errors import SetupError
+from conformance.judges.oracle import memory_limit_from
 from conformance.planted.selftest import selftest
 from conformance.reports.files import prepare
 from conformance.reports.report import text_report, write_json, write_junit
@@ -146,6 +147,9 @@ def _control(args: argparse.Namespace) -> RunControl:
         time_budget_s=args.time_budget,
         call_timeout_s=args.call_timeout or None,
         check_bounds=args.check_bounds,
+        reference_memory=args.reference_memory,
+        envelope=args.envelope,
+        envelope_scale=args.scale,
     )
 
 
@@ -321,6 +325,25 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="check every memory access of the backend's Triton kernels under TRITON_INTERPRET "
         "(default: outside the launch's tensors; strict: block-table padding reads too); "
         "see docs/bounds-checking.md",
+    )
+    run.add_argument(
+        "--reference-memory",
+        type=argument_type(memory_limit_from),
+        metavar="BYTES",
+        help="bytes the fast reference's temporaries may hold (suffix K, M or G; default 1G, "
+        "or PAGED_SPEC_REFERENCE_MEMORY)",
+    )
+    run.add_argument(
+        "--envelope",
+        choices=("cpu", "device"),
+        help="draw this workload envelope instead of the one capabilities.device picks",
+    )
+    run.add_argument(
+        "--scale",
+        type=argument_type(at_least(1)),
+        default=1,
+        metavar="N",
+        help="divide the envelope's prompt lengths, chunks, pool and batch widths by N",
     )
     run.add_argument(
         "--in-process",

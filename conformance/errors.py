@@ -3,3 +3,17 @@
 
 class SetupError(Exception):
     """The suite cannot run as asked; the message says what to change (exit status 2)."""
+
+
+class SuiteStopped(KeyboardInterrupt):
+    """Carries a :class:`SetupError` raised inside an example out of Hypothesis, untouched.
+
+    A ``KeyboardInterrupt`` because that is the one exception Hypothesis lets
+    through without replaying the example: a setup error met mid-run (the
+    suite's reference out of memory) is not the backend's failure, and a
+    replay that stops elsewhere would be reported as an unreliable run.
+    """
+
+    def __init__(self, error: SetupError) -> None:
+        super().__init__(str(error))
+        self.error = error

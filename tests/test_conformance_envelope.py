@@ -7,6 +7,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.lockstep.plan import plan_for
 from conformance.lockstep.workload import WorkloadConfig
 from conformance.reports.report import json_report, text_report, write_junit
+from conformance.run.control import RunControl
 from conformance.run.runner import run_suite
 from spec.attention import AttentionVariant
 from spec.batch import BatchMetadata
@@ -99,9 +101,12 @@ def test_the_device_envelope_draws_production_shapes_for_a_device_backend() -> N
     assert production[0].shape.describe() == "head dim 128, 32/8 heads, block size 16"
     assert production[0].widths == (64,) and plan.passes()[1].widths == (64, 128, 256)
     assert DEVICE.long_prompts[1] >= 16384 and plan_for(Capabilities("cpu")).envelope is CPU
+    if not torch.cuda.is_available():  # the reference runs on the backend's device: none here
+        with pytest.raises(SetupError, match="cuda:0"):
+            run_suite(OnDevice(), "fake-gpu", run_seed=1, database=None, max_examples=1)
     result = run_suite(
-        OnDevice(), "fake-gpu", run_seed=1, database=None, max_examples=1, shrink=False,
-        passes=("production",),
+        NumpyPagedBackend(), "cpu", run_seed=1, database=None, max_examples=1, shrink=False,
+        passes=("production",), control=RunControl(envelope="device"),
     )  # fmt: skip
     assert result.passed, text_report(result)
     assert result.envelope == "device" and result.stats.coverage.widest_step >= 64

@@ -65,6 +65,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.bounds.checker import BoundsChecker, Watched
+from conformance.errors import SetupError, SuiteStopped
 from conformance.judges.compare import (
     Difference,
     example_difference,
@@ -87,8 +88,15 @@ from conformance.judges.numerics import (
     ExampleMeter,
     Margins,
     output_errors,
-    same_precision,
     ulp_scale,
+)
+from conformance.judges.oracle import (
+    ORACLE_NAMES,
+    SPEC,
+    OracleChoice,
+    oracle_for_run,
+    reference_outputs,
+    step_cost,
 )
 from conformance.lockstep.group_memory import GroupMemory, describe_groups, released_rows
 from conformance.lockstep.pairs import call_features, call_path
@@ -107,7 +115,6 @@ from conformance.lockstep.workload import (
 )
 from conformance.run.calls import attention_calls, sub_batch, token_rows
 from spec.attention import AttentionVariant
-from spec.attention_batched import paged_attention_batched
 from spec.backend import Backend
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
@@ -160,6 +167,7 @@ class Lockstep:
         margins: Margins | None = None,
         whole_pool_slots: int = WHOLE_POOL_SLOTS,
         bounds: BoundsChecker | None = None,
+        oracle: OracleChoice | None = None,
     ) -> None:
         g = config.geometry
         self.backend = backend
@@ -185,15 +193,16 @@ class Lockstep:
         self.log = [f"ls = Lockstep(backend, {config!r}{checked})"]
         self._truth = SequenceTruth(self.truth)
         self._whole = g.num_blocks * g.block_size <= whole_pool_slots
-        self._same = same_precision(g.dtype, g.kv_dtype is not None)
         self._example = ExampleMeter(g.dtype)
         self._regime = LARGE_LOGITS if large_logits(config) else USUAL_SCALE
         self._clean = True
+        self._oracle_used = SPEC
         self.caps: Capabilities = self._call("capabilities", lambda: backend.capabilities)
         self._read_blocks = getattr(backend, "read_blocks", None)
         if self.base and self._read_blocks is None:
             raise ValueError("a large pool needs the backend's read_blocks(layer, blocks)")
         self._device = self._device_contract()
+        self.oracle = oracle or oracle_for_run(self.caps.device)
         ratio = config.num_heads // g.num_kv_heads
         self.coverage.note_shape(
             head_dim=g.head_dim,
@@ -415,7 +424,8 @@ class Lockstep:
             path = "; ".join(dict.fromkeys(p for p in paths if p)) or None
             same = round_to(same, dtype)
             scale = ulp_scale(exact, dtype)
-            errors = output_errors(exact, same, actual, dtype, self._regime, path, scale)
+            oracle = None if self._oracle_used == SPEC else self._oracle_name()
+            errors = output_errors(exact, same, actual, dtype, self._regime, path, scale, oracle)
             self.margins.note_step(errors)
             diff = first_output_difference(
                 self.step_index, layer, exact, actual, errors, rows, self._poison_name
@@ -429,6 +439,7 @@ class Lockstep:
             self.checks["attention outputs judged against the same-precision reference"] += len(
                 rows
             )
+            self.checks[f"attention outputs judged by {self._oracle_name()}"] += len(rows)
 
     def _diagnose(
         self, batch: BatchMetadata, attended: list[int], layer: int, exact: F64, actual: F64
@@ -603,28 +614,37 @@ class Lockstep:
             self._note_pairs(sub, variant, paths[-1])
         attended = sub_batch(batch, [i for call in calls for i in call])
         q_all = query[token_rows(batch, [i for call in calls for i in call])]
-        exact = self._reference(q_all, attended, layer)
-        same = self._reference(q_all, attended, layer, same_precision=True)
+        exact, same = self._reference(q_all, attended, layer)
         empty = np.zeros((0, *query.shape[1:]))
         got = np.concatenate(actual) if actual else empty
         return exact, same, got, paths
 
-    def _reference(
-        self, query: F64, batch: BatchMetadata, layer: int, *, same_precision: bool = False
-    ) -> F64:
+    def _reference(self, query: F64, batch: BatchMetadata, layer: int) -> tuple[F64, F64]:
+        """The float64 and same-precision references, by the oracle this step's size picks."""
         if batch.num_seqs == 0:
-            return np.zeros((0, *query.shape[1:]))
+            empty = np.zeros((0, *query.shape[1:]))
+            return empty, empty
         c = self.config
-        precision = {"precision": self._same} if same_precision else {}
-        return paged_attention_batched(
+        self._oracle_used = self.oracle.choose(step_cost(batch, c.num_heads), self.caps.device)
+        try:
+            return self._reference_by(query, batch, layer)
+        except SetupError as e:  # the suite's limit, not the backend: out of Hypothesis untouched
+            raise SuiteStopped(e) from e
+
+    def _reference_by(self, query: F64, batch: BatchMetadata, layer: int) -> tuple[F64, F64]:
+        c = self.config
+        return reference_outputs(
+            self.oracle,
             query,
             batch,
             self.memory,
             layer,
-            c.scale,
+            scale=c.scale,
             variant=c.variant(layer),
             group=c.geometry.group_of(layer),
-            **precision,
+            dtype=c.dtype,
+            quantized_kv=c.geometry.kv_dtype is not None,
+            oracle=self._oracle_used,
         )
 
     def _note_pairs(self, sub: BatchMetadata, variant: AttentionVariant, path: str | None) -> None:
@@ -635,6 +655,10 @@ class Lockstep:
         )
         kind = call_path(sub, variant.window, self.coverage.split_keys)
         self.coverage.note_pairs(features, kind, path)
+
+    def _oracle_name(self) -> str:
+        name = ORACLE_NAMES[self._oracle_used]
+        return name if self._oracle_used == SPEC else f"{name} on {self.oracle.device}"
 
     def _path(self) -> str | None:
         path = getattr(self.backend, "attention_path", None)

@@ -48,6 +48,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from conformance.bounds.checker import BoundsChecker
 from conformance.judges.coverage import Coverage
 from conformance.judges.numerics import Margins
+from conformance.judges.oracle import OracleChoice
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.envelope import Envelope
 from conformance.lockstep.groups import group_label
@@ -138,8 +139,10 @@ class LockstepMachine(RuleBasedStateMachine):
         *,
         draw_only: bool = False,
         defer_failure: bool = False,
+        oracle: OracleChoice | None = None,
     ) -> None:
         super().__init__()
+        self.oracle = oracle  # the run's reference settings (None: the backend device's default)
         self.backend = backend
         self.draw_only = draw_only  # another shard's example: the spec's bookkeeping alone
         self.defer_failure = defer_failure  # a shard's example: draw to the end, then fail
@@ -208,6 +211,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 coverage=self.stats.coverage,
                 margins=self.stats.margins,
                 bounds=self.bounds,
+                oracle=self.oracle,
             )
         except ConformanceFailure as failure:
             self.stats.note_failure()

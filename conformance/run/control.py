@@ -30,6 +30,7 @@ from typing import TypeVar
 
 from conformance.bounds.checker import MODES
 from conformance.errors import SetupError
+from conformance.judges.oracle import memory_limit_from
 
 _T = TypeVar("_T")
 
@@ -59,6 +60,12 @@ class RunControl:
     ``check_bounds``: ``"default"`` or ``"strict"`` (:data:`conformance.bounds.checker.MODES`)
     checks every memory access of the backend's interpreted Triton kernels
     (:mod:`conformance.bounds.checker`); ``None``: no bounds check.
+    ``reference_memory``: bytes the fast reference's temporaries may hold
+    (``None``: ``PAGED_SPEC_REFERENCE_MEMORY``, else 1 GiB).
+    ``envelope``: draw this envelope (``"cpu"`` or ``"device"``) instead of
+    the one ``capabilities.device`` picks; ``envelope_scale``: divide the
+    envelope's lengths and widths by this factor
+    (:func:`conformance.lockstep.envelope_scale.scaled`).
     """
 
     shrink: bool = True
@@ -67,8 +74,17 @@ class RunControl:
     time_budget_s: float | None = None
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
     check_bounds: str | None = None
+    reference_memory: int | None = None
+    envelope: str | None = None
+    envelope_scale: int = 1
 
     def __post_init__(self) -> None:
+        if self.envelope is not None and self.envelope not in ("cpu", "device"):
+            raise SetupError(f"envelope must be cpu or device, got {self.envelope!r}")
+        if self.envelope_scale < 1:
+            raise SetupError(f"envelope scale must be at least 1, got {self.envelope_scale}")
+        if self.reference_memory is not None and self.reference_memory < 1:
+            raise SetupError(f"reference memory must be positive, got {self.reference_memory}")
         if self.check_bounds is not None and self.check_bounds not in MODES:
             raise SetupError(
                 f"check_bounds must be None or one of {', '.join(MODES)}, got {self.check_bounds!r}"
@@ -104,6 +120,9 @@ ENVIRONMENT = {
     "PAGED_SPEC_CALL_TIMEOUT": (
         f"seconds one backend call may take (default {DEFAULT_CALL_TIMEOUT_S:g}; 0: no limit)"
     ),
+    "PAGED_SPEC_REFERENCE_MEMORY": (
+        "bytes the fast reference's temporaries may hold (suffix K, M or G; default 1G)"
+    ),
     "PAGED_SPEC_CHECK_BOUNDS": (
         "default or strict (1: default, 0: off): bounds-check the backend's interpreted "
         "Triton kernels"
@@ -138,6 +157,7 @@ def environment_options(environ: Mapping[str, str] | None = None) -> Environment
             time_budget_s=get("PAGED_SPEC_TIME_BUDGET", seconds),
             call_timeout_s=DEFAULT_CALL_TIMEOUT_S if timeout is None else timeout or None,
             check_bounds=get("PAGED_SPEC_CHECK_BOUNDS", _bounds_setting) or None,
+            reference_memory=get("PAGED_SPEC_REFERENCE_MEMORY", memory_limit_from),
         ),
     )
 

@@ -39,9 +39,11 @@ from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.bounds.checker import GPU_NOTE, BoundsChecker, BoundsReport, unusable
-from conformance.errors import SetupError
+from conformance.errors import SetupError, SuiteStopped
 from conformance.judges.compare import Difference
+from conformance.judges.oracle import OracleChoice, oracle_for_run
 from conformance.lockstep.driver import ConformanceFailure
+from conformance.lockstep.envelope_scale import scaled
 from conformance.lockstep.machine import LockstepMachine, RunStats, timed_progress
 from conformance.lockstep.plan import Plan, plan_for
 from conformance.reports.replay import script as replay_script
@@ -220,7 +222,11 @@ def run_suite(
         raise SetupError(f"max_examples must be at least 1, got {max_examples}")
     bounds = _bounds_checker(control)
     caps = backend.capabilities
-    plan = plan_for(caps, dtypes)
+    plan = plan_for(caps, dtypes, control.envelope)
+    if control.envelope_scale > 1:
+        plan = replace(plan, envelope=scaled(plan.envelope, control.envelope_scale))
+        plan = replace(plan, notes=(*plan.notes, _scale_note(plan, control.envelope_scale)))
+    oracle = oracle_for_run(caps.device, control.reference_memory)
     stats = RunStats()
     short, long = chosen.examples(max_examples)
     result = RunResult(
@@ -265,7 +271,7 @@ def run_suite(
             suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
             db = open_database(database, backend_ref + suffix)
             config = _settings(count, chosen.pass_steps(plan_now.kind), db, control.shrink)
-            _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds)
+            _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds, oracle)
             if result.difference is not None or result.stopped:
                 break
         if result.difference is not None:
@@ -275,6 +281,15 @@ def run_suite(
     result.wall_time_s = time.monotonic() - start
     result.bounds = None if bounds is None else bounds.report()
     return result
+
+
+def _scale_note(plan: Plan, factor: int) -> str:
+    env = plan.envelope
+    lo, hi = env.long_prompts
+    return (
+        f"the {env.device} envelope with lengths and widths divided by {factor}: wide steps of "
+        f"{', '.join(map(str, env.wide_seqs))} sequences, long prompts of {lo} to {hi} tokens"
+    )
 
 
 def _bounds_checker(control: RunControl) -> BoundsChecker | None:
@@ -445,6 +460,7 @@ def _run_pass(
     clock: _Clock,
     watch: RunWatch,
     bounds: BoundsChecker | None = None,
+    oracle: OracleChoice | None = None,
 ) -> None:
     """One pass: a failure, or why it stopped, goes in ``result``.
 
@@ -467,7 +483,7 @@ def _run_pass(
         if bounds is not None and result.stats.examples and not bounds.launches:
             raise _NothingChecked
         return LockstepMachine(
-            backend, plan, result.stats, tick, bounds, defer_failure=split.active
+            backend, plan, result.stats, tick, bounds, defer_failure=split.active, oracle=oracle
         )
 
     if result.shard is None:
@@ -528,6 +544,8 @@ def _hypothesis(
         _record(result, failure, shrunk=Phase.shrink in config.phases)
     except _BudgetSpent:
         result.stopped = "time budget"
+    except SuiteStopped as stop:
+        raise stop.error from None
     except _NothingChecked:
         raise SetupError(
             "--check-bounds: the first example's backend calls (the cache's creation, writes, "

@@ -1,0 +1,186 @@
+"""The suite's cost per step at device-envelope shapes, numpy reference beside the fast one.
+
+``python -m benchmarks.conformance --device-shapes [--scale N]`` runs, per kind
+of step (a decode of 64 sequences at 2,048 and at 8,192 tokens of context; a
+prefill chunk of 2,048 queries over 8,192 tokens), one lockstep step on the
+eager torch backend (head dim 128, 32 query heads on 8 KV heads, blocks of
+16, float16), twice: judged by the spec's numpy reference (before) and by the
+fast reference (after). Each run is a fresh child process, so the peak
+resident memory it prints (``ru_maxrss``) is that run's, setup included.
+
+For each it prints the backend's time, the suite's own time split into
+**reference** (both references of the step), **comparison** (KV and output
+comparisons, the numerics) and **bookkeeping** (the spec's block manager and
+memory, ground truth, everything else), and suite / backend. The state
+before the timed step (the prompts' prefill) is built first and not timed.
+
+``--scale N`` divides the sequence count and every length by ``N`` (a decode
+of 64 / N sequences at 2,048 / N tokens...): the full shapes cost minutes
+and gigabytes with the numpy reference on a shared CPU.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spec.kv_budget import cdiv
+
+BLOCK, HEADS, KV_HEADS, HEAD_DIM = 16, 32, 8, 128
+ORACLES = ("spec", "fast")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A step: ``seqs`` sequences at ``context`` tokens, the last ``queries`` of each new."""
+
+    name: str
+    seqs: int
+    context: int
+    queries: int
+
+    def scaled(self, factor: int) -> Kind:
+        return Kind(
+            self.name,
+            max(1, self.seqs // factor),
+            max(2 * BLOCK, self.context // factor),
+            max(1, self.queries // factor) if self.queries > 1 else 1,
+        )
+
+    def describe(self) -> str:
+        what = "decode" if self.queries == 1 else f"prefill chunk of {self.queries} over"
+        return f"{what} {self.seqs} x {self.context}"
+
+
+KINDS = (
+    Kind("decode 64 x 2K", 64, 2048, 1),
+    Kind("decode 64 x 8K", 64, 8192, 1),
+    Kind("prefill 2K over 8K", 1, 8192, 2048),
+)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One timed step: seconds of each part, and the child's peak resident memory in bytes."""
+
+    backend_s: float
+    reference_s: float
+    comparison_s: float
+    total_s: float
+    peak_bytes: float
+
+    @property
+    def bookkeeping_s(self) -> float:
+        return self.total_s - self.backend_s - self.reference_s - self.comparison_s
+
+    @property
+    def suite_s(self) -> float:
+        return self.total_s - self.backend_s
+
+
+class _Clock:
+    """Seconds spent in the wrapped functions, by part."""
+
+    def __init__(self) -> None:
+        self.parts = {"backend": 0.0, "reference": 0.0, "comparison": 0.0}
+
+    def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: object, **kwargs: object) -> object:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.parts[part] += time.perf_counter() - start
+
+        return timed
+
+
+class _TimedBackend:
+    """The backend with every call's time added to the clock's ``backend`` part."""
+
+    def __init__(self, inner: Any, clock: _Clock) -> None:
+        self.inner, self.clock = inner, clock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        return self.clock.wrap("backend", attr) if callable(attr) else attr
+
+
+def _patch(clock: _Clock, oracle: str) -> None:
+    """Time the suite's parts and force ``oracle`` on every step (in the child only)."""
+    import conformance.judges.oracle as oracle_module
+    import conformance.lockstep.driver as drv
+
+    oracle_module.FAST_THRESHOLD = 0 if oracle == "fast" else 1 << 62
+    from conformance.judges.numerics import ExampleMeter
+
+    setattr(drv, "reference_outputs", clock.wrap("reference", getattr(drv, "reference_outputs")))  # noqa: B009, B010
+    for name in ("output_errors", "first_output_difference", "first_kv_difference"):
+        setattr(drv, name, clock.wrap("comparison", getattr(drv, name)))
+    setattr(ExampleMeter, "add", clock.wrap("comparison", ExampleMeter.add))  # noqa: B010
+
+
+def _child(kind: Kind, oracle: str, out: mp.Queue[Split]) -> None:
+    from backend_gpu.torch_backend import TorchBackend
+    from conformance.lockstep.driver import Lockstep
+    from conformance.lockstep.workload import WorkloadConfig, scale_for
+    from spec.backend import KVGeometry
+
+    clock = _Clock()
+    _patch(clock, oracle)
+    per_seq = cdiv(kind.context + 1, BLOCK) + 1
+    geometry = KVGeometry(1, kind.seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM, "float16")
+    config = WorkloadConfig(geometry, HEADS, scale_for(HEAD_DIM, False), seed=1)
+    ls = Lockstep(_TimedBackend(TorchBackend(), clock), config)
+    rng = np.random.default_rng(0)
+    prompts = {s: [int(t) for t in rng.integers(0, 64, kind.context)] for s in range(kind.seqs)}
+    done = kind.context - kind.queries
+    for s, prompt in prompts.items():
+        ls.add(s, prompt)
+    chunk = max(kind.queries, 512)
+    for lo in range(0, done, chunk):  # the state before the timed step: not timed
+        ls.step([(s, p[lo : min(lo + chunk, done)]) for s, p in prompts.items()])
+    for part in clock.parts:
+        clock.parts[part] = 0.0
+    start = time.perf_counter()
+    ls.step([(s, p[done:]) for s, p in prompts.items()])
+    total = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+    p = clock.parts
+    out.put(Split(p["backend"], p["reference"], p["comparison"], total, peak))
+
+
+def measure(kind: Kind, oracle: str) -> Split:
+    """One timed step of ``kind`` judged by ``oracle``, in a fresh process."""
+    ctx = mp.get_context("spawn")
+    queue: mp.Queue[Split] = ctx.Queue()
+    child = ctx.Process(target=_child, args=(kind, oracle, queue))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"the run of {kind.describe()} judged by {oracle} failed")
+    return queue.get(timeout=10)
+
+
+def table(scale: int, oracles: tuple[str, ...] = ORACLES) -> list[str]:
+    """The device-shapes table, one row per kind of step and oracle (markdown)."""
+    lines = [
+        "| step | oracle | backend s | reference s | comparison s | bookkeeping s "
+        "| suite / backend | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind in (k.scaled(scale) for k in KINDS):
+        for oracle in oracles:
+            s = measure(kind, oracle)
+            lines.append(
+                f"| {kind.describe()} | {oracle} | {s.backend_s:.3f} | {s.reference_s:.3f} "
+                f"| {s.comparison_s:.3f} | {s.bookkeeping_s:.3f} "
+                f"| {s.suite_s / max(s.backend_s, 1e-9):.2f} | {s.peak_bytes / 2**20:.0f} |"
+            )
+    return lines
