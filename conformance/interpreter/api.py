@@ -1,0 +1,39 @@
+"""The public functions: install the shim, for a process or for a ``with`` block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from conformance.interpreter.shim import SHIM
+
+
+def install() -> None:
+    """Patch Triton's interpreter with the corrections (nested calls count; harmless twice)."""
+    SHIM.install()
+
+
+def uninstall() -> None:
+    """Undo one :func:`install`; the last one restores Triton's own interpreter."""
+    SHIM.uninstall()
+
+
+def installed() -> bool:
+    """Whether the corrections are in place."""
+    return SHIM.installed
+
+
+@contextmanager
+def honest_interpreter() -> Iterator[None]:
+    """The corrections for the block, then Triton's interpreter as it was.
+
+    >>> import os; os.environ.setdefault("TRITON_INTERPRET", "1") and None
+    >>> with honest_interpreter():
+    ...     installed()
+    True
+    """
+    SHIM.install()
+    try:
+        yield
+    finally:
+        SHIM.uninstall()
