@@ -7,13 +7,20 @@ and what cannot be, is in :mod:`conformance.interpreter.shim` and
 docs/plugging-in.md.
 """
 
-from conformance.interpreter.api import honest_interpreter, install, installed, uninstall
+from conformance.interpreter.api import (
+    honest_interpreter,
+    install,
+    install_when_interpreting,
+    installed,
+    uninstall,
+)
 from conformance.interpreter.limits import InterpreterLimit, limit_in
 
 __all__ = [
     "InterpreterLimit",
     "honest_interpreter",
     "install",
+    "install_when_interpreting",
     "installed",
     "limit_in",
     "uninstall",

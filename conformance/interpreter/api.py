@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,6 +12,19 @@ from conformance.interpreter.shim import SHIM
 def install() -> None:
     """Patch Triton's interpreter with the corrections (nested calls count; harmless twice)."""
     SHIM.install()
+
+
+def install_when_interpreting() -> bool:
+    """Install the corrections once when ``TRITON_INTERPRET`` is on; whether they are in place.
+
+    The suite calls this wherever it runs kernels (the worker before and
+    after loading a backend, :func:`~conformance.run.runner.run_suite`), so
+    an interpreted kernel is judged on what compiled Triton would compute.
+    """
+    on = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+    if on and not SHIM.installed:
+        SHIM.install()
+    return SHIM.installed
 
 
 def uninstall() -> None:

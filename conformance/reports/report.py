@@ -21,7 +21,9 @@ from typing import Any
 
 from conformance.bounds.checker import CONTRACT
 from conformance.reports import replay
+from conformance.reports.failures import failure_lines
 from conformance.reports.replay import portable_ref
+from conformance.run.failures import distinct
 from conformance.run.runner import PROFILES, RunResult
 from spec.backend import Capabilities
 
@@ -56,6 +58,7 @@ def text_report(result: RunResult) -> str:
     ]
     lines += ["  skipped:", *(f"    {why}" for why in _skips(result))] if _skips(result) else []
     if result.difference is not None:
+        lines += ["", *failure_lines(result)] if len(result.failures) > 1 else []
         lines += ["", "FIRST DIFFERENCE", result.difference.describe()]
         lines += _nondeterminism_lines(result)
         if result.diagnostics:
@@ -246,6 +249,8 @@ def json_report(result: RunResult) -> dict[str, Any]:
             else dict(zip(("first", "replay"), result.nondeterminism, strict=True)),
             "diagnostics": list(result.diagnostics),
         },
+        "failures": [f.to_json() for f in result.failures],
+        "distinct_failures": len(distinct(result.failures)),
     }
 
 
@@ -268,12 +273,13 @@ def write_json(result: RunResult, path: Path) -> None:
 
 
 def write_junit(result: RunResult, path: Path) -> None:
-    """One test case for the lockstep run, and one skipped case per skipped capability."""
+    """One test case for the lockstep run (and one per further distinct failing pass), and one
+    skipped case per skipped capability."""
     suite = ET.Element(
         "testsuite",
         name="conformance",
-        tests=str(1 + len(_skips(result))),
-        failures=str(int(result.difference is not None)),
+        tests=str(max(1, len(distinct(result.failures))) + len(_skips(result))),
+        failures=str(max(len(distinct(result.failures)), int(result.difference is not None))),
         errors=str(int(result.interrupted)),
         skipped=str(len(_skips(result))),
         time=f"{result.wall_time_s:.3f}",
@@ -299,6 +305,12 @@ def write_junit(result: RunResult, path: Path) -> None:
         failure.text = text_report(result)
     elif result.interrupted:
         ET.SubElement(case, "error", message=verdict(result)).text = text_report(result)
+    for later in distinct(result.failures)[1:]:  # the first is the lockstep case's
+        name = f"lockstep ({later.pass_name})"
+        other = ET.SubElement(suite, "testcase", classname=classname, name=name)
+        ET.SubElement(other, "failure", message=later.headline()).text = (
+            later.difference.describe() + "\n\n" + "\n".join(later.workload)
+        )
     for why in _skips(result):
         skipped = ET.SubElement(
             ET.SubElement(suite, "testcase", classname=classname, name=why), "skipped"

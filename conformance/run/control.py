@@ -58,6 +58,8 @@ class RunControl:
     ``check_bounds``: ``"default"`` or ``"strict"`` (:data:`conformance.bounds.checker.MODES`)
     checks every memory access of the backend's interpreted Triton kernels
     (:mod:`conformance.bounds.checker`); ``None``: no bounds check.
+    ``every_pass``: a failing pass does not stop the others, so one bug cannot
+    hide another (off: stop at the first failure, as the selftest does).
     """
 
     shrink: bool = True
@@ -66,6 +68,7 @@ class RunControl:
     time_budget_s: float | None = None
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
     check_bounds: str | None = None
+    every_pass: bool = True
 
     def __post_init__(self) -> None:
         if self.check_bounds is not None and self.check_bounds not in MODES:

@@ -15,8 +15,9 @@ timeout; and may add the bounds check (``check_bounds``): one
 :class:`~conformance.bounds.checker.BoundsChecker` for the whole run, whose
 :class:`~conformance.bounds.checker.BoundsReport` the result carries. A run that cannot
 check anything is refused: before it starts, when Triton's interpreter is not
-in use; after its first example, when that example launched no interpreted
-Triton kernel.
+in use; at its end, when no example launched an interpreted Triton kernel.
+A failing pass does not stop the others (``control.every_pass``): each
+leaves a :class:`~conformance.run.failures.PassFailure` in ``failures``.
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.bounds.checker import GPU_NOTE, BoundsChecker, BoundsReport, unusable
 from conformance.errors import SetupError
+from conformance.interpreter.api import install_when_interpreting
 from conformance.judges.compare import Difference
 from conformance.lockstep.driver import ConformanceFailure
 from conformance.lockstep.machine import LockstepMachine, RunStats, timed_progress
 from conformance.lockstep.plan import Plan, plan_for
 from conformance.reports.replay import script as replay_script
 from conformance.run.control import RunControl
+from conformance.run.failures import FATAL, PassFailure
 from conformance.run.watchdog import CallTimeout, RunWatch, Sink, watching
 from spec.backend import Backend, Capabilities
 
@@ -136,7 +139,8 @@ class RunResult:
     outcome and the replay's, when the same workload gave two. ``diagnostics``:
     what a crashed or hung backend process printed last. ``interrupted``: the
     user stopped the run (Ctrl-C). ``bounds``: the bounds check's report, when
-    ``control.check_bounds`` asked for one and the run finished.
+    ``control.check_bounds`` asked for one and the run finished. ``failures``:
+    every failing pass (``control.every_pass``); the first is also ``difference``.
     """
 
     backend: str
@@ -164,6 +168,7 @@ class RunResult:
     interrupted: bool = False
     bounds: BoundsReport | None = None  # what the bounds check checked (when it was on)
     reproduce: str = ""  # the command that reproduces this result, when not ``run --seed``
+    failures: list[PassFailure] = field(default_factory=list)  # each failing pass, first first
 
     @property
     def passed(self) -> bool:
@@ -199,6 +204,7 @@ def run_suite(
     limits the run to those kinds of example (:data:`conformance.lockstep.plan.PASSES`).
     """
     control = control or RunControl()
+    install_when_interpreting()  # interpreted kernels are judged as compiled Triton would run
     if not shrink:
         control = replace(control, shrink=False)
     chosen = PROFILES[profile]
@@ -251,15 +257,80 @@ def run_suite(
             db = _database(database, backend_ref + suffix)
             config = _settings(count, chosen.pass_steps(plan_now.kind), db, control.shrink)
             _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds)
-            if result.difference is not None or result.stopped:
+            if result.difference is not None:
+                _note_shrinking(result, clock)
+                result.failures.append(_take_failure(result, name, clock))
+                if not control.every_pass or result.difference.what in FATAL:
+                    break
+                _clear_failure(result, clock)
+            if result.stopped or result.interrupted:
                 break
-        if result.difference is not None:
-            _note_shrinking(result, clock)
-            _check_replay(result, backend, watch)
+        _judge_replays(result, backend, watch)
         result.slowest_call = watch.slowest
     result.wall_time_s = time.monotonic() - start
     result.bounds = None if bounds is None else bounds.report()
+    _refuse_unchecked(result, bounds)
     return result
+
+
+def _refuse_unchecked(result: RunResult, bounds: BoundsChecker | None) -> None:
+    """:class:`SetupError` when a bounds-checked run passed without one kernel to check.
+
+    Decided over the whole run, not its first example: Hypothesis discards
+    examples a backend's limits rule out before any call is made.
+    """
+    if bounds is None or bounds.launches or result.difference is not None or result.interrupted:
+        return
+    raise SetupError(
+        f"--check-bounds: the run's {result.stats.examples} examples made backend calls (the "
+        "cache's creation, writes, copies and reads, and attention) that launched no Triton "
+        "kernel under the interpreter, so nothing could be checked (only interpreted Triton "
+        f"launches are); {GPU_NOTE}"
+    )
+
+
+def _take_failure(result: RunResult, pass_name: str, clock: _Clock) -> PassFailure:
+    """The failing pass as found: its difference, workload and how it was shrunk."""
+    return PassFailure(
+        pass_name,
+        result.difference or Difference("internal", 0, "no difference"),
+        tuple(result.workload),
+        result.shrunk,
+        result.shrink_note,
+        result.flaky,
+        result.stats.first_failure_example,
+    )
+
+
+def _clear_failure(result: RunResult, clock: _Clock) -> None:
+    """Ready the next pass: no current failure, the clock's shrink limit for a new one."""
+    result.difference, result.workload, result.shrunk = None, [], False
+    result.shrink_note, result.flaky = "", False
+    result.stats.first_failure_example = None
+    clock.failure_at = None
+
+
+def _judge_replays(result: RunResult, backend: Backend, watch: RunWatch) -> None:
+    """Replay each failure (same outcome, or not deterministic); the first is the headline."""
+    judged = []
+    for failure in result.failures:
+        _restore(result, failure)
+        _check_replay(result, backend, watch)
+        judged.append(replace(failure, nondeterminism=result.nondeterminism))
+    result.failures[:] = judged
+    if judged:
+        _restore(result, judged[0])
+
+
+def _restore(result: RunResult, failure: PassFailure) -> None:
+    result.difference, result.workload = failure.difference, list(failure.workload)
+    result.shrunk, result.shrink_note, result.flaky = (
+        failure.shrunk,
+        failure.shrink_note,
+        failure.flaky,
+    )
+    result.stats.first_failure_example = failure.example
+    result.nondeterminism = failure.nondeterminism
 
 
 def _bounds_checker(control: RunControl) -> BoundsChecker | None:
@@ -270,10 +341,6 @@ def _bounds_checker(control: RunControl) -> BoundsChecker | None:
     if why is not None:
         raise SetupError(f"--check-bounds: {why}; {GPU_NOTE}")
     return BoundsChecker.for_mode(control.check_bounds)
-
-
-class _NothingChecked(KeyboardInterrupt):
-    """Stops Hypothesis (as :class:`_BudgetSpent` does): an example ran, no kernel was checked."""
 
 
 def _pass_count(result: RunResult, profile: Profile, kind: str, override: int | None) -> int:
@@ -433,17 +500,11 @@ def _run_pass(
     watch: RunWatch,
     bounds: BoundsChecker | None = None,
 ) -> None:
-    """One Hypothesis run of the machine; a failure, or why it stopped, goes in ``result``.
-
-    Raises :class:`SetupError` when bounds checking is on and the first
-    example launched no kernel the checker could see.
-    """
+    """One Hypothesis run of the machine; a failure, or why it stopped, goes in ``result``."""
 
     def factory() -> LockstepMachine:
         if not clock.may_start_example():
             raise _BudgetSpent
-        if bounds is not None and result.stats.examples and not bounds.launches:
-            raise _NothingChecked
         return LockstepMachine(backend, plan, result.stats, tick, bounds)
 
     try:
@@ -454,12 +515,6 @@ def _run_pass(
         _record(result, failure, shrunk=Phase.shrink in config.phases)
     except _BudgetSpent:
         result.stopped = "time budget"
-    except _NothingChecked:
-        raise SetupError(
-            "--check-bounds: the first example's backend calls (the cache's creation, writes, "
-            "copies and reads, and attention) launched no Triton kernel under the interpreter, "
-            f"so nothing could be checked (only interpreted Triton launches are); {GPU_NOTE}"
-        ) from None
     except CallTimeout:
         _record_hang(result, watch)
     except Flaky as err:  # the same workload failed, then passed (or failed otherwise)
@@ -565,7 +620,11 @@ def replay(result: RunResult, backend: Backend) -> Difference | None:
 
 
 def same_outcome(a: Difference, b: Difference) -> bool:
-    """Two differences are the same outcome: same kind, place and values (messages may vary)."""
+    """Two differences are the same outcome: same kind, place and values (messages may vary).
+
+    Values compare NaN-aware: a kernel whose outputs are NaN is judged on them,
+    not reported as nondeterministic because NaN != NaN.
+    """
     where = ("what", "step", "layer", "seq_id", "token", "head", "block", "offset")
     if any(getattr(a, k) != getattr(b, k) for k in where):
         return False
@@ -573,7 +632,18 @@ def same_outcome(a: Difference, b: Difference) -> bool:
         return a.detail == b.detail
     if a.what in ("exception", "shape", "input", "alias"):
         return a.detail.split(":")[0] == b.detail.split(":")[0]
-    return a.expected == b.expected and a.actual == b.actual
+    return _same_values(a.expected, b.expected) and _same_values(a.actual, b.actual)
+
+
+def _same_values(x: tuple[float, ...], y: tuple[float, ...]) -> bool:
+    """Equal element by element, NaN equal to NaN (a NaN output replays as NaN, not as a change).
+
+    >>> nan = float("nan"); _same_values((1.0, nan), (1.0, nan)), _same_values((nan,), (0.0,))
+    (True, False)
+    """
+    return len(x) == len(y) and all(
+        p == q or (p != p and q != q) for p, q in zip(x, y, strict=False)
+    )
 
 
 def _database(root: Path | None, backend_ref: str) -> DirectoryBasedExampleDatabase | None:
