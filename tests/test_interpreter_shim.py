@@ -213,3 +213,21 @@ def test_the_corrections_are_what_triton_compiles_for_sm_90() -> None:
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert "cvt.rn.satfinite.e5m2x2.f32" in ptx
     assert "cvt.rn.bf16.f32" in ptx
+
+
+def test_a_run_that_meets_an_interpreter_limit_is_not_judged() -> None:
+    """A backend exception carrying an interpreter limit: the verdict names the limit."""
+    from conformance.judges.compare import Difference
+    from conformance.lockstep.machine import RunStats
+    from conformance.reports.report import verdict
+    from conformance.run.runner import RunResult
+    from spec.backend import Capabilities
+
+    result = RunResult("x", "quick", 1, Capabilities("x"), (), RunStats(examples=1))
+    detail = (
+        f"backend.attention raised InterpreterError: {InterpreterLimit('a conversion to fp8e4b15')}"
+    )
+    result.difference = Difference("exception", 0, detail)
+    assert verdict(result).startswith("NOT JUDGED: interpreter limit: a conversion to fp8e4b15")
+    result.difference = Difference("exception", 0, "backend.attention raised ValueError: bad")
+    assert verdict(result) == "FAILED"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.bounds.checker import CONTRACT
+from conformance.interpreter.limits import limit_in
 from conformance.reports import replay
 from conformance.reports.failures import failure_lines
 from conformance.reports.replay import portable_ref
@@ -116,6 +117,9 @@ def verdict(result: RunResult) -> str:
         return "PASSED"
     if result.nondeterminism is not None:
         return "FAILED: the backend is not deterministic"
+    limit = limit_in(result.difference.detail) if result.difference.what == "exception" else None
+    if limit is not None:
+        return f"NOT JUDGED: {limit.split(';')[0]} (not a kernel bug: run it on a GPU)"
     return {
         "crash": "FAILED: the backend process crashed",
         "hang": "FAILED: a backend call hung",
