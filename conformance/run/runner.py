@@ -259,7 +259,7 @@ def run_suite(
             _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds)
             if result.difference is not None:
                 _note_shrinking(result, clock)
-                result.failures.append(_take_failure(result, name, clock))
+                result.failures.append(_take_failure(result, name))
                 if not control.every_pass or result.difference.what in FATAL:
                     break
                 _clear_failure(result, clock)
@@ -289,7 +289,7 @@ def _refuse_unchecked(result: RunResult, bounds: BoundsChecker | None) -> None:
     )
 
 
-def _take_failure(result: RunResult, pass_name: str, clock: _Clock) -> PassFailure:
+def _take_failure(result: RunResult, pass_name: str) -> PassFailure:
     """The failing pass as found: its difference, workload and how it was shrunk."""
     return PassFailure(
         pass_name,
