@@ -231,3 +231,22 @@ def test_a_run_that_meets_an_interpreter_limit_is_not_judged() -> None:
     assert verdict(result).startswith("NOT JUDGED: interpreter limit: a conversion to fp8e4b15")
     result.difference = Difference("exception", 0, "backend.attention raised ValueError: bad")
     assert verdict(result) == "FAILED"
+
+
+def test_the_suite_installs_it_once_when_interpreting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.interpreter import install, install_when_interpreting, installed, uninstall
+
+    depth = 0
+    while installed():
+        uninstall()
+        depth += 1
+    try:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert not install_when_interpreting()
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert install_when_interpreting() and install_when_interpreting()
+        uninstall()  # one install, however many calls
+        assert not installed()
+    finally:
+        for _ in range(depth):
+            install()
