@@ -17,7 +17,8 @@ timeout; and may add the bounds check (``check_bounds``): one
 check anything is refused: before it starts, when Triton's interpreter is not
 in use; at its end, when no example launched an interpreted Triton kernel.
 A failing pass does not stop the others (``control.every_pass``): each
-leaves a :class:`~conformance.run.failures.PassFailure` in ``failures``.
+leaves a :class:`~conformance.run.failures.PassFailure` in ``failures``; only
+the first is shrunk, the later ones are reported as found.
 """
 
 from __future__ import annotations
@@ -255,8 +256,11 @@ def run_suite(
             result.passes.append((name, count))
             suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
             db = _database(database, backend_ref + suffix)
-            config = _settings(count, chosen.pass_steps(plan_now.kind), db, control.shrink)
+            shrink = control.shrink and not result.failures  # later failures: as found
+            config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
             _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds)
+            if result.difference is not None and control.shrink and not shrink:
+                result.shrink_note = LATER_NOT_SHRUNK
             if result.difference is not None:
                 _note_shrinking(result, clock)
                 result.failures.append(_take_failure(result, name))
@@ -271,6 +275,12 @@ def run_suite(
     result.bounds = None if bounds is None else bounds.report()
     _refuse_unchecked(result, bounds)
     return result
+
+
+LATER_NOT_SHRUNK = (
+    "not shrunk: found after the run's first failure (shrinking every failing pass would "
+    "multiply a failing run's time; fix the first failure and rerun to shrink this one)"
+)
 
 
 def _refuse_unchecked(result: RunResult, bounds: BoundsChecker | None) -> None:
