@@ -8,6 +8,7 @@ Every check runs a tiny ``@triton.jit`` kernel under ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -195,8 +196,11 @@ def test_what_cannot_be_corrected_is_named() -> None:
     assert isinstance(InterpreterLimit("x"), RuntimeError)
 
 
-def test_the_corrections_are_what_triton_compiles_for_sm_90() -> None:
+def test_the_corrections_are_what_triton_compiles_for_sm_90(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``triton.compile`` for sm_90 (no GPU needed) rounds to nearest even and saturates."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # its own cache: no shared state
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
