@@ -17,9 +17,11 @@ def install() -> None:
 def install_when_interpreting() -> bool:
     """Install the corrections once when ``TRITON_INTERPRET`` is on; whether they are in place.
 
-    The suite calls this wherever it runs kernels (the worker before and
-    after loading a backend, :func:`~conformance.run.runner.run_suite`), so
-    an interpreted kernel is judged on what compiled Triton would compute.
+    The suite calls this wherever it runs kernels (before and after
+    :func:`~conformance.run.discovery.load_backend`, which the run's worker
+    and every replay script start with, and in
+    :func:`~conformance.run.runner.run_suite`), so an interpreted kernel is
+    judged on what compiled Triton would compute.
     """
     on = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
     if on and not SHIM.installed:

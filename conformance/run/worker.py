@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import SetupError
-from conformance.interpreter.api import install_when_interpreting
 from conformance.run.control import RunControl
 from conformance.run.discovery import load_backend
 from conformance.run.protocol import encode
@@ -67,7 +66,6 @@ def main() -> None:
 
 def _run(request: dict[str, Any], channel: Channel) -> None:
     ref = request["backend"]
-    install_when_interpreting()  # before the backend's kernels exist; again once it has loaded
     channel.send({"t": "call", "what": "load_backend", "step": 0, "layer": None, "log": []})
     try:
         backend = load_backend(ref)
@@ -75,7 +73,6 @@ def _run(request: dict[str, Any], channel: Channel) -> None:
         channel.send({"t": "setup", "message": str(err)})
         return
     channel.send({"t": "ret"})
-    install_when_interpreting()  # a backend may turn the interpreter on as it loads
     names = {f.name for f in fields(RunControl)}
     control = RunControl(**{k: v for k, v in request["control"].items() if k in names})
     try:
