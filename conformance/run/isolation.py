@@ -40,8 +40,9 @@ from conformance.errors import SetupError
 from conformance.judges.compare import Difference
 from conformance.lockstep.machine import RunStats
 from conformance.run.control import LOAD_TIMEOUT_S, RunControl
+from conformance.run.failures import PassFailure
 from conformance.run.protocol import decode
-from conformance.run.runner import RunResult
+from conformance.run.runner import RunResult, headline_first
 from conformance.run.watchdog import Call
 from conformance.run.worker import REQUEST_VAR
 from spec.backend import Capabilities
@@ -299,6 +300,17 @@ class _Child:
         )
         result.diagnostics = _diagnostics([line for line in self.tail if line.strip()])
         result.stats.note_failure()
+        if result.failures:  # earlier passes failed first: they stay the headline
+            later = PassFailure(
+                "in flight",
+                result.difference,
+                tuple(result.workload),
+                False,
+                result.shrink_note,
+                False,
+                result.stats.examples,
+            )
+            headline_first(result, later)
         return result
 
     def _so_far(self) -> RunResult:

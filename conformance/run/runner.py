@@ -267,6 +267,7 @@ def run_suite(
                 if not control.every_pass or result.difference.what in FATAL:
                     break
                 _clear_failure(result, clock)
+                watch.send({"t": "start", "result": result})  # the parent keeps the failures
             if result.stopped or result.interrupted:
                 break
         _judge_replays(result, backend, watch)
@@ -330,6 +331,13 @@ def _judge_replays(result: RunResult, backend: Backend, watch: RunWatch) -> None
     result.failures[:] = judged
     if judged:
         _restore(result, judged[0])
+
+
+def headline_first(result: RunResult, later: PassFailure) -> None:
+    """Add ``later`` (a hang or crash the parent saw) after the failures the run already had;
+    the first stays the headline."""
+    result.failures.append(later)
+    _restore(result, result.failures[0])
 
 
 def _restore(result: RunResult, failure: PassFailure) -> None:
