@@ -62,6 +62,10 @@ class Capabilities:
       ``kv_groups`` (layers in several KV cache groups, one table each).
     * Attention: ``variants``, a subset of :data:`spec.attention.VARIANTS`.
     * ``tensors``: ``"numpy"`` (the default contract) or ``"torch"``.
+    * ``table_width``: block tables at least this many entries wide, as an
+      engine's persistent table is (``None``: exactly as wide as the batch's
+      longest row). The extra entries are padding (:data:`spec.batch.PAD_BLOCK`)
+      and :data:`spec.batch.PADDING_RULE` governs them like any padding.
     * ``excludes``: the backend's own veto for combinations the fields above
       cannot say (a head dim only in some dtypes, say).
     """
@@ -86,6 +90,7 @@ class Capabilities:
     kv_groups: bool = False  # layers in several KV cache groups, one table each
     variants: AbstractSet[str] = frozenset()  # of spec.attention.VARIANTS
     tensors: str = "numpy"  # "numpy" (the default contract) or "torch"
+    table_width: int | None = None  # block tables padded to at least this width; None: exact
     excludes: Excludes | None = field(default=None, compare=False, repr=False)  # its own veto
 
     def __post_init__(self) -> None:
@@ -103,7 +108,13 @@ class Capabilities:
                 put(
                     self, name, frozenset(check_positive(f"capabilities.{name}", v) for v in values)
                 )
-        for name in ("max_gqa_ratio", "max_num_seqs", "max_query_len", "max_context_len"):
+        for name in (
+            "max_gqa_ratio",
+            "max_num_seqs",
+            "max_query_len",
+            "max_context_len",
+            "table_width",
+        ):
             if getattr(self, name) is not None:
                 check_positive(f"capabilities.{name}", getattr(self, name))
         for f in fields(self):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.backends import PLANTED
+from conformance.planted.hidden import PLANTED_HIDDEN
+from conformance.planted.kernels import PLANTED_BOUNDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,11 +23,12 @@ def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
         timeout=900,  # a hang guard; the selftest takes about 1.5 min of CPU
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"caught {len(PLANTED)}/{len(PLANTED)}" in done.stdout
+    total = len(PLANTED) + len(PLANTED_HIDDEN)
+    assert f"caught {total}/{total}" in done.stdout
     assert "MISSED" not in done.stdout and "false alarm" not in done.stdout
     assert "correct backend numpy: passes" in done.stdout
     assert "correct backend triton --check-bounds strict: passes" in done.stdout
-    assert "bounds check: caught 2/2" in done.stdout
+    assert f"bounds check: caught {len(PLANTED_BOUNDS)}/{len(PLANTED_BOUNDS)}" in done.stdout
     assert "correct backend torch (device contract): passes" in done.stdout
     assert "device contract: caught 1/1" in done.stdout
 

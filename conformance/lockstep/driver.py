@@ -100,6 +100,7 @@ from conformance.judges.oracle import (
 )
 from conformance.lockstep.group_memory import GroupMemory, describe_groups, released_rows
 from conformance.lockstep.pairs import call_features, call_path
+from conformance.lockstep.tables import widen
 from conformance.lockstep.variants import describe, describe_kv
 from conformance.lockstep.workload import (
     POISONS,
@@ -835,7 +836,11 @@ class Lockstep:
         return [(s + self.base, d + self.base) for s, d in copies]
 
     def _view(self, batch: BatchMetadata) -> BatchMetadata:
-        """``batch`` as the backend sees it: block ids shifted into a large pool."""
+        """``batch`` as the backend sees it: block ids shifted into a large pool, tables as wide
+        as it asks (:mod:`conformance.lockstep.tables`)."""
+        return widen(self._shifted(batch), self.caps.table_width)
+
+    def _shifted(self, batch: BatchMetadata) -> BatchMetadata:
         if not self.base:
             return batch
         return BatchMetadata(

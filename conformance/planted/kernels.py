@@ -306,8 +306,28 @@ class ReadsPastTheTable(TableAdapterBackend):
     layout = "tight"
 
 
+class ReadsTheWideRow(TableAdapterBackend):
+    """Asks for an engine's persistent table (``table_width`` 64) and loads a whole
+    power-of-two tile of its row unmasked, as the suite's table: inside the tensor, so the
+    default check allows it, but every entry past the row's used ones is padding, which
+    strict mode flags. (With the exact-width table it reads past the tensor instead.)"""
+
+    bug = WHOLE_TILE
+    layout = "tight"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            name=type(self).__name__, dtypes=frozenset({"float32"}), table_width=WIDE_TABLE
+        )
+
+
+WIDE_TABLE = 64
+"""The persistent table width :class:`ReadsTheWideRow` declares (a power of two: its tile)."""
+
 PLANTED_BOUNDS: dict[str, tuple[type[TableAdapterBackend], str]] = {
     "reads one block-table entry past a row (padding)": (ReadsOnePastARow, "strict"),
     "reads past the end of the block-table tensor": (ReadsPastTheTable, "default"),
+    "reads a wide (persistent) table's padding past a row": (ReadsTheWideRow, "strict"),
 }
 """Planted bounds bugs for the suite: label -> (backend, the least mode that must flag it)."""

@@ -22,12 +22,16 @@ from collections.abc import Callable
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.backends import PLANTED
 from conformance.planted.device import device_selftest
+from conformance.planted.hidden import PLANTED_HIDDEN, RoundingHidesOverflow
 from conformance.planted.selftest_bounds import bounds_selftest
 from conformance.planted.selftest_scheduler import scheduler_selftest
-from conformance.run.runner import run_suite
+from conformance.run.control import RunControl
+from conformance.run.runner import RunResult, run_suite
 from spec.backend import ReferenceBackend
 
 SELFTEST_SEED = 20240601
+FIRST_FAILURE = RunControl(shrink=False, every_pass=False)
+"""Finding is what is tested: each run stops at its first failure, unshrunk."""
 
 
 def selftest(out: Callable[[str], None] = print) -> bool:
@@ -35,7 +39,9 @@ def selftest(out: Callable[[str], None] = print) -> bool:
     start = time.monotonic()
     ok = True
     for name, backend in (("reference", ReferenceBackend()), ("numpy", NumpyPagedBackend())):
-        result = run_suite(backend, name, run_seed=SELFTEST_SEED, database=None, shrink=False)
+        result = run_suite(
+            backend, name, run_seed=SELFTEST_SEED, database=None, control=FIRST_FAILURE
+        )
         ok &= result.passed
         status = "passes" if result.passed else "FLAGGED (a false alarm)"
         out(f"  correct backend {name}: {status}")
@@ -46,17 +52,59 @@ def selftest(out: Callable[[str], None] = print) -> bool:
         ref = f"conformance.planted.backends:{cls.__name__}"
         passes = getattr(cls, "selftest_passes", None)  # a bug only one pass can show
         result = run_suite(
-            cls(), ref, run_seed=SELFTEST_SEED, database=None, shrink=False, passes=passes
+            cls(), ref, run_seed=SELFTEST_SEED, database=None, control=FIRST_FAILURE, passes=passes
         )
-        if result.difference is not None:
+        if result.nondeterminism is not None:  # a deterministic planted bug: a false verdict
+            out(f"  FALSE VERDICT  {label}: reported as not deterministic")
+        elif result.difference is not None:
             caught += 1
             first = result.difference.describe().splitlines()[0]
             where = f"in example {result.stats.first_failure_example}"
             out(f"  caught  {label}\n          {where}: {first}")
         else:
             out(f"  MISSED  {label} ({ref})")
-    out(f"caught {caught}/{len(PLANTED)} in {time.monotonic() - start:.1f} s")
+    hidden = _hidden_selftest(out)
+    caught += hidden
+    total = len(PLANTED) + len(PLANTED_HIDDEN)
+    out(f"caught {caught}/{total} in {time.monotonic() - start:.1f} s")
     bounds_ok = bounds_selftest(out)
     device_ok = device_selftest(out)
     schedulers_ok = scheduler_selftest(out)
-    return ok and caught == len(PLANTED) and bounds_ok and device_ok and schedulers_ok
+    return ok and caught == total and bounds_ok and device_ok and schedulers_ok
+
+
+def _hidden_selftest(out: Callable[[str], None]) -> int:
+    """The every-pass and NaN-replay checks (:mod:`conformance.planted.hidden`): how many caught.
+
+    A two-bug backend must fail in each of its passes (the run judges every
+    pass); a NaN-output backend must fail as a difference, not as a backend
+    that is not deterministic.
+    """
+    caught = 0
+    for label, cls in PLANTED_HIDDEN.items():
+        ref = f"conformance.planted.hidden:{cls.__name__}"
+        every = cls is RoundingHidesOverflow
+        control = RunControl(shrink=False, every_pass=every)
+        passes = getattr(cls, "selftest_passes", None)
+        result = run_suite(
+            cls(), ref, run_seed=SELFTEST_SEED, database=None, control=control, passes=passes
+        )
+        why = _hidden_missed(result, passes if every else None)
+        if why is None:
+            caught += 1
+            lines = [f.headline() for f in result.failures]
+            out(f"  caught  {label}\n          " + "\n          ".join(lines))
+        else:
+            out(f"  MISSED  {label} ({ref}): {why}")
+    return caught
+
+
+def _hidden_missed(result: RunResult, passes: tuple[str, ...] | None) -> str | None:
+    """Why a hidden-bug run does not count as caught, or None."""
+    if result.difference is None:
+        return "passed"
+    if result.nondeterminism is not None:
+        return "reported as not deterministic"
+    failed = {f.pass_name for f in result.failures}
+    missing = [p for p in passes or () if p not in failed]
+    return f"no failure reported in pass {', '.join(missing)}" if missing else None

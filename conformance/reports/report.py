@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from conformance.bounds.checker import CONTRACT
+from conformance.interpreter.limits import limit_in
 from conformance.reports import replay
+from conformance.reports.failures import failure_lines
 from conformance.reports.files import write_atomic
 from conformance.reports.replay import portable_ref
+from conformance.run.failures import distinct
 from conformance.run.runner import PROFILES, RunResult
 from spec.capabilities import Capabilities
 
@@ -65,6 +68,7 @@ def text_report(result: RunResult) -> str:
     ]
     lines += ["  skipped:", *(f"    {why}" for why in _skips(result))] if _skips(result) else []
     if result.difference is not None:
+        lines += ["", *failure_lines(result)] if len(result.failures) > 1 else []
         lines += ["", "FIRST DIFFERENCE", result.difference.describe()]
         lines += _nondeterminism_lines(result)
         if result.diagnostics:
@@ -149,6 +153,9 @@ def verdict(result: RunResult) -> str:
         return "PASSED"
     if result.nondeterminism is not None:
         return "FAILED: the backend is not deterministic"
+    limit = limit_in(result.difference.detail) if result.difference.what == "exception" else None
+    if limit is not None:
+        return f"NOT JUDGED: {limit.split(';')[0]} (not a kernel bug: run it on a GPU)"
     return {
         "crash": "FAILED: the backend process crashed",
         "hang": "FAILED: a backend call hung",
@@ -285,6 +292,8 @@ def json_report(result: RunResult) -> dict[str, Any]:
             else dict(zip(("first", "replay"), result.nondeterminism, strict=True)),
             "diagnostics": list(result.diagnostics),
         },
+        "failures": [f.to_json() for f in result.failures],
+        "distinct_failures": len(distinct(result.failures)),
     }
 
 
@@ -307,12 +316,13 @@ def write_json(result: RunResult, path: Path) -> None:
 
 
 def write_junit(result: RunResult, path: Path) -> None:
-    """One test case for the lockstep run, and one skipped case per skipped capability."""
+    """One test case for the lockstep run (and one per further distinct failing pass), and one
+    skipped case per skipped capability."""
     suite = ET.Element(
         "testsuite",
         name="conformance",
-        tests=str(1 + len(_skips(result))),
-        failures=str(int(result.difference is not None)),
+        tests=str(max(1, len(distinct(result.failures))) + len(_skips(result))),
+        failures=str(max(len(distinct(result.failures)), int(result.difference is not None))),
         errors=str(int(result.interrupted)),
         skipped=str(len(_skips(result))),
         time=f"{result.wall_time_s:.3f}",
@@ -341,6 +351,12 @@ def write_junit(result: RunResult, path: Path) -> None:
         ET.SubElement(case, "error", message=verdict(result)).text = text_report(result)
     elif result.partial:
         ET.SubElement(case, "system-out").text = text_report(result)
+    for later in distinct(result.failures)[1:]:  # the first is the lockstep case's
+        name = f"lockstep ({later.pass_name})"
+        other = ET.SubElement(suite, "testcase", classname=classname, name=name)
+        ET.SubElement(other, "failure", message=later.headline()).text = (
+            later.difference.describe() + "\n\n" + "\n".join(later.workload)
+        )
     for why in _skips(result):
         skipped = ET.SubElement(
             ET.SubElement(suite, "testcase", classname=classname, name=why), "skipped"

@@ -66,6 +66,8 @@ class RunControl:
     the one ``capabilities.device`` picks; ``envelope_scale``: divide the
     envelope's lengths and widths by this factor
     (:func:`conformance.lockstep.envelope_scale.scaled`).
+    ``every_pass``: a failing pass does not stop the others, so one bug cannot
+    hide another (off: stop at the first failure, as the selftest does).
     """
 
     shrink: bool = True
@@ -77,6 +79,7 @@ class RunControl:
     reference_memory: int | None = None
     envelope: str | None = None
     envelope_scale: int = 1
+    every_pass: bool = True
 
     def __post_init__(self) -> None:
         if self.envelope is not None and self.envelope not in ("cpu", "device"):

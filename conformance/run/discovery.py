@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from conformance.errors import SetupError
+from conformance.interpreter.api import install_when_interpreting
 from conformance.judges.device_contract import setup_problem
 from spec.backend import Backend
 from spec.capabilities import Capabilities
@@ -44,7 +45,13 @@ def installed_backends() -> dict[str, str]:
 
 
 def load_backend(ref: str) -> Backend:
-    """Build the backend ``ref`` names; :class:`SetupError` says what to fix if it cannot."""
+    """Build the backend ``ref`` names; :class:`SetupError` says what to fix if it cannot.
+
+    Under ``TRITON_INTERPRET`` the honest interpreter is installed first and
+    again after (a backend may turn the interpreter on as it loads), so a
+    replay script, which starts here, runs kernels as the run did.
+    """
+    install_when_interpreting()
     attr, factory = load_callable(_resolve(ref), ref)
     try:
         backend = factory()
@@ -68,6 +75,7 @@ def load_backend(ref: str) -> Backend:
     if problem:
         raise SetupError(f"{ref!r}: {problem}")
     assert isinstance(backend, Backend)
+    install_when_interpreting()
     return backend
 
 

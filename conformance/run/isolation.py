@@ -45,8 +45,9 @@ from conformance.judges.compare import Difference
 from conformance.lockstep.machine import RunStats
 from conformance.run.control import LOAD_TIMEOUT_S, RunControl
 from conformance.run.database import REDIS_SCHEMES
+from conformance.run.failures import PassFailure
 from conformance.run.protocol import decode
-from conformance.run.runner import RunResult
+from conformance.run.runner import RunResult, headline_first
 from conformance.run.watchdog import Call
 from conformance.run.worker import REQUEST_VAR
 from spec.capabilities import Capabilities
@@ -382,6 +383,17 @@ class _BackendChild(ChildProcess):
         )
         result.diagnostics = self.diagnostics()
         result.stats.note_failure()
+        if result.failures:  # earlier passes failed first: they stay the headline
+            later = PassFailure(
+                "in flight",
+                result.difference,
+                tuple(result.workload),
+                False,
+                result.shrink_note,
+                False,
+                result.stats.examples,
+            )
+            headline_first(result, later)
         return result
 
     def _so_far(self) -> RunResult:

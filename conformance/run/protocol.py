@@ -13,7 +13,8 @@ call       what, step, layer, log, new    a backend call starts; ``log``: the wo
 ret                                       that call returned (or raised)
 progress   line                           a progress line for the person waiting
 start      result                         the run's :class:`~conformance.run.runner.RunResult`
-                                          before any example (seed, capabilities, skips)
+                                          before any example (seed, capabilities, skips),
+                                          and again after each failing pass (its failures)
 stats      stats                          :class:`~conformance.lockstep.machine.RunStats` after
                                           each example
 result     result                         the final result

@@ -15,8 +15,10 @@ timeout; and may add the bounds check (``check_bounds``): one
 :class:`~conformance.bounds.checker.BoundsChecker` for the whole run, whose
 :class:`~conformance.bounds.checker.BoundsReport` the result carries. A run that cannot
 check anything is refused: before it starts, when Triton's interpreter is not
-in use; after its first example, when that example launched no interpreted
-Triton kernel.
+in use; at its end, when no example launched an interpreted Triton kernel.
+A failing pass does not stop the others (``control.every_pass``): each
+leaves a :class:`~conformance.run.failures.PassFailure` in ``failures``; only
+the first is shrunk, the later ones are reported as found.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.bounds.checker import GPU_NOTE, BoundsChecker, BoundsReport, unusable
 from conformance.errors import SetupError, SuiteStopped
+from conformance.interpreter.api import install_when_interpreting
 from conformance.judges.compare import Difference
 from conformance.judges.oracle import OracleChoice, oracle_for_run
 from conformance.lockstep.driver import ConformanceFailure
@@ -49,6 +52,7 @@ from conformance.lockstep.plan import Plan, plan_for
 from conformance.reports.replay import script as replay_script
 from conformance.run.control import RunControl
 from conformance.run.database import open_database
+from conformance.run.failures import FATAL, PassFailure
 from conformance.run.shard import Shard
 from conformance.run.watchdog import CallTimeout, RunWatch, Sink, watching
 from spec.backend import Backend
@@ -141,7 +145,8 @@ class RunResult:
     outcome and the replay's, when the same workload gave two. ``diagnostics``:
     what a crashed or hung backend process printed last. ``interrupted``: the
     user stopped the run (Ctrl-C). ``bounds``: the bounds check's report, when
-    ``control.check_bounds`` asked for one and the run finished.
+    ``control.check_bounds`` asked for one and the run finished. ``failures``:
+    every failing pass (``control.every_pass``); the first is also ``difference``.
     """
 
     backend: str
@@ -170,6 +175,7 @@ class RunResult:
     bounds: BoundsReport | None = None  # what the bounds check checked (when it was on)
     reproduce: str = ""  # the command that reproduces this result, when not ``run --seed``
     shard: Shard | None = None  # the run's share of the examples, when it is one shard of N
+    failures: list[PassFailure] = field(default_factory=list)  # each failing pass, first first
 
     @property
     def passed(self) -> bool:
@@ -215,6 +221,7 @@ def run_suite(
     full on every shard, first.
     """
     control = control or RunControl()
+    install_when_interpreting()  # interpreted kernels are judged as compiled Triton would run
     if not shrink:
         control = replace(control, shrink=False)
     chosen = PROFILES[profile]
@@ -270,16 +277,25 @@ def run_suite(
             result.passes.append((name, count))
             suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
             db = open_database(database, backend_ref + suffix)
-            config = _settings(count, chosen.pass_steps(plan_now.kind), db, control.shrink)
+            shrink = control.shrink and not result.failures  # later failures: as found
+            config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
             _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds, oracle)
-            if result.difference is not None or result.stopped:
+            if result.difference is not None and control.shrink and not shrink:
+                result.shrink_note = LATER_NOT_SHRUNK
+            if result.difference is not None:
+                _note_shrinking(result, clock)
+                result.failures.append(_take_failure(result, name))
+                if not control.every_pass or result.difference.what in FATAL:
+                    break
+                _clear_failure(result, clock)
+                watch.send({"t": "start", "result": result})  # the parent keeps the failures
+            if result.stopped or result.interrupted:
                 break
-        if result.difference is not None:
-            _note_shrinking(result, clock)
-            _check_replay(result, backend, watch)
+        _judge_replays(result, backend, watch)
         result.slowest_call = watch.slowest
     result.wall_time_s = time.monotonic() - start
     result.bounds = None if bounds is None else bounds.report()
+    _refuse_unchecked(result, bounds)
     return result
 
 
@@ -292,6 +308,79 @@ def _scale_note(plan: Plan, factor: int) -> str:
     )
 
 
+LATER_NOT_SHRUNK = (
+    "not shrunk: found after the run's first failure (shrinking every failing pass would "
+    "multiply a failing run's time; fix the first failure and rerun to shrink this one)"
+)
+
+
+def _refuse_unchecked(result: RunResult, bounds: BoundsChecker | None) -> None:
+    """:class:`SetupError` when a bounds-checked run passed without one kernel to check.
+
+    Decided over the whole run, not its first example: Hypothesis discards
+    examples a backend's limits rule out before any call is made.
+    """
+    if bounds is None or bounds.launches or result.difference is not None or result.interrupted:
+        return
+    raise SetupError(
+        f"--check-bounds: the run's {result.stats.examples} examples made backend calls (the "
+        "cache's creation, writes, copies and reads, and attention) that launched no Triton "
+        "kernel under the interpreter, so nothing could be checked (only interpreted Triton "
+        f"launches are); {GPU_NOTE}"
+    )
+
+
+def _take_failure(result: RunResult, pass_name: str) -> PassFailure:
+    """The failing pass as found: its difference, workload and how it was shrunk."""
+    return PassFailure(
+        pass_name,
+        result.difference or Difference("internal", 0, "no difference"),
+        tuple(result.workload),
+        result.shrunk,
+        result.shrink_note,
+        result.flaky,
+        result.stats.first_failure_example,
+    )
+
+
+def _clear_failure(result: RunResult, clock: _Clock) -> None:
+    """Ready the next pass: no current failure, the clock's shrink limit for a new one."""
+    result.difference, result.workload, result.shrunk = None, [], False
+    result.shrink_note, result.flaky = "", False
+    result.stats.first_failure_example = None
+    clock.failure_at = None
+
+
+def _judge_replays(result: RunResult, backend: Backend, watch: RunWatch) -> None:
+    """Replay each failure (same outcome, or not deterministic); the first is the headline."""
+    judged = []
+    for failure in result.failures:
+        _restore(result, failure)
+        _check_replay(result, backend, watch)
+        judged.append(replace(failure, nondeterminism=result.nondeterminism))
+    result.failures[:] = judged
+    if judged:
+        _restore(result, judged[0])
+
+
+def headline_first(result: RunResult, later: PassFailure) -> None:
+    """Add ``later`` (a hang or crash the parent saw) after the failures the run already had;
+    the first stays the headline."""
+    result.failures.append(later)
+    _restore(result, result.failures[0])
+
+
+def _restore(result: RunResult, failure: PassFailure) -> None:
+    result.difference, result.workload = failure.difference, list(failure.workload)
+    result.shrunk, result.shrink_note, result.flaky = (
+        failure.shrunk,
+        failure.shrink_note,
+        failure.flaky,
+    )
+    result.stats.first_failure_example = failure.example
+    result.nondeterminism = failure.nondeterminism
+
+
 def _bounds_checker(control: RunControl) -> BoundsChecker | None:
     """The run's bounds checker, if asked for; :class:`SetupError` when it could check nothing."""
     if control.check_bounds is None:
@@ -300,10 +389,6 @@ def _bounds_checker(control: RunControl) -> BoundsChecker | None:
     if why is not None:
         raise SetupError(f"--check-bounds: {why}; {GPU_NOTE}")
     return BoundsChecker.for_mode(control.check_bounds)
-
-
-class _NothingChecked(KeyboardInterrupt):
-    """Stops Hypothesis (as :class:`_BudgetSpent` does): an example ran, no kernel was checked."""
 
 
 def _pass_count(result: RunResult, profile: Profile, kind: str, override: int | None) -> int:
@@ -469,9 +554,6 @@ def _run_pass(
     every shard), then the generated ones, this shard's in full and the others'
     through the spec alone (:class:`_Split`). One factory serves every run, so
     that all of them share one place in the database.
-
-    Raises :class:`SetupError` when bounds checking is on and the first
-    example launched no kernel the checker could see.
     """
     split = _Split(result.shard, offset=sum(count for _, count in result.passes[:-1]))
 
@@ -480,8 +562,6 @@ def _run_pass(
             raise _BudgetSpent
         if split.draw_only(result.stats):
             return LockstepMachine(backend, plan, RunStats(), lambda: None, draw_only=True)
-        if bounds is not None and result.stats.examples and not bounds.launches:
-            raise _NothingChecked
         return LockstepMachine(
             backend, plan, result.stats, tick, bounds, defer_failure=split.active, oracle=oracle
         )
@@ -546,12 +626,6 @@ def _hypothesis(
         result.stopped = "time budget"
     except SuiteStopped as stop:
         raise stop.error from None
-    except _NothingChecked:
-        raise SetupError(
-            "--check-bounds: the first example's backend calls (the cache's creation, writes, "
-            "copies and reads, and attention) launched no Triton kernel under the interpreter, "
-            f"so nothing could be checked (only interpreted Triton launches are); {GPU_NOTE}"
-        ) from None
     except CallTimeout:
         _record_hang(result, watch)
     except Flaky as err:  # the same workload failed, then passed (or failed otherwise)
@@ -657,7 +731,11 @@ def replay(result: RunResult, backend: Backend) -> Difference | None:
 
 
 def same_outcome(a: Difference, b: Difference) -> bool:
-    """Two differences are the same outcome: same kind, place and values (messages may vary)."""
+    """Two differences are the same outcome: same kind, place and values (messages may vary).
+
+    Values compare NaN-aware: a kernel whose outputs are NaN is judged on them,
+    not reported as nondeterministic because NaN != NaN.
+    """
     where = ("what", "step", "layer", "seq_id", "token", "head", "block", "offset")
     if any(getattr(a, k) != getattr(b, k) for k in where):
         return False
@@ -665,4 +743,15 @@ def same_outcome(a: Difference, b: Difference) -> bool:
         return a.detail == b.detail
     if a.what in ("exception", "shape", "input", "alias"):
         return a.detail.split(":")[0] == b.detail.split(":")[0]
-    return a.expected == b.expected and a.actual == b.actual
+    return _same_values(a.expected, b.expected) and _same_values(a.actual, b.actual)
+
+
+def _same_values(x: tuple[float, ...], y: tuple[float, ...]) -> bool:
+    """Equal element by element, NaN equal to NaN (a NaN output replays as NaN, not as a change).
+
+    >>> nan = float("nan"); _same_values((1.0, nan), (1.0, nan)), _same_values((nan,), (0.0,))
+    (True, False)
+    """
+    return len(x) == len(y) and all(
+        p == q or (p != p and q != q) for p, q in zip(x, y, strict=False)
+    )

@@ -1,0 +1,287 @@
+"""The corrections, patched into Triton 3.9's interpreter (``TRITON_INTERPRET=1``).
+
+What the interpreter gets wrong, and what each patch does instead:
+
+- float to fp8 (``fp8e4nv``, ``fp8e5``) and back: it truncates or rounds
+  half up, flushes subnormals, wraps overflow to NaN or junk, and reads the
+  e4m3fn NaN as 480. Patched: :mod:`conformance.interpreter.floats`, the
+  ``cvt.rn.satfinite`` conversions compiled Triton emits for sm_90.
+- float to bfloat16: it truncates; patched to round to nearest even
+  (``cvt.rn.bf16.f32``; ``rtz`` when the kernel asks for it).
+- bfloat16 arithmetic: it keeps bfloat16 as raw ``uint16`` bits and runs
+  numpy on them (integer addition, unsigned comparisons). Patched: each
+  operation, math function, ``tl.dot``, sum, min and max runs on the
+  float32 values and rounds the result back to nearest even (exact for
+  +, -, *, /, sqrt: float32 holds more than twice bfloat16's precision).
+- ``tl.int64`` (and ``tl.uint64``) parameter annotations: ``_implicit_cvt``
+  turns every Python int that fits into int32, so ``pid * stride`` wraps
+  where compiled Triton computes in 64 bits. Patched: an int passed to a
+  parameter annotated 64-bit becomes a 64-bit scalar.
+
+Not corrected, and raised as :class:`~conformance.interpreter.limits.InterpreterLimit`
+instead: conversions to or from the other fp8 formats (``fp8e4b15``,
+``fp8e4b8``, ``fp8e5b16``: not sm_90 formats) and fp8 with ``rtz``. Not
+bit-exact either: a bfloat16 ``tl.sum`` accumulates in float32 here, in
+bfloat16 in a hardware-chosen tree order when compiled.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from conformance.interpreter.floats import (
+    FP8_FORMATS,
+    bf16_decode,
+    bf16_encode,
+    fp8_decode,
+    fp8_encode,
+)
+from conformance.interpreter.limits import InterpreterLimit
+
+_OTHER_FP8 = ("fp8e4b15", "fp8e4b8", "fp8e5b16")
+
+
+def _name(dtype: Any) -> str:
+    return str(getattr(dtype, "name", dtype))
+
+
+def _special(dtype: Any) -> bool:
+    """bfloat16 or an fp8 format: stored as raw bits by the interpreter."""
+    name = _name(dtype)
+    return name == "bf16" or name.startswith("fp8")
+
+
+def _to_f32(data: Any, dtype: Any) -> Any:
+    """The float values of interpreter data of ``dtype`` (bits decoded where raw)."""
+    name = _name(dtype)
+    if name == "bf16":
+        return bf16_decode(data)
+    if name in FP8_FORMATS:
+        return fp8_decode(data, name)
+    if name in _OTHER_FP8:
+        raise InterpreterLimit(f"a conversion from {name}")
+    return data
+
+
+def _from_values(values: Any, dtype: Any, np_dtype: Any, toward_zero: bool) -> Any:
+    """Interpreter data of ``dtype`` for ``values``, rounded as compiled Triton rounds."""
+    name = _name(dtype)
+    if name == "bf16":
+        return bf16_encode(np.asarray(values).astype(np.float32), toward_zero=toward_zero)
+    if name in FP8_FORMATS:
+        if toward_zero:
+            raise InterpreterLimit(f"a conversion to {name} rounding toward zero")
+        return fp8_encode(np.asarray(values).astype(np.float32), name)
+    if name in _OTHER_FP8:
+        raise InterpreterLimit(f"a conversion to {name}")
+    return np.asarray(values).astype(np_dtype)
+
+
+def _patches(interp: Any) -> dict[tuple[Any, str], Callable[..., Any]]:
+    """Every replacement, keyed by (owner, attribute); each falls back to the original."""
+    builder = interp.InterpreterBuilder
+    reduce_ops = interp.ReduceOps
+    handle_cls, tl = interp.TensorHandle, interp.tl
+    rtz = interp._ir.ROUNDING_MODE.RTZ
+    orig = {
+        name: getattr(builder, name)
+        for name in (
+            "cast_impl",
+            "create_fp_to_fp",
+            "binary_op",
+            "unary_op",
+            "ternary_op",
+            "create_fma",
+            "create_rsqrt",
+            "create_dot",
+        )
+    }
+    orig_sum, orig_min_max = reduce_ops.sum, reduce_ops.min_max
+    orig_cvt, orig_call = interp._implicit_cvt, interp.GridExecutor.__call__
+
+    def convert(src: Any, dst_type: Any, toward_zero: bool) -> Any:
+        src_t, dst_t = src.dtype.scalar, dst_type.scalar
+        values = _to_f32(src.data, src_t)
+        data = _from_values(values, dst_t, interp._get_np_dtype(dst_type), toward_zero)
+        return handle_cls(data, dst_t)
+
+    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
+        if not (_special(src.dtype.scalar) or _special(dst_type.scalar)):
+            return orig["cast_impl"](self, src, dst_type)
+        return convert(src, dst_type, toward_zero=False)
+
+    def create_fp_to_fp(self: Any, src: Any, dst_type: Any, rounding_mode: Any) -> Any:
+        if not (_special(src.dtype.scalar) or _special(dst_type.scalar)):
+            return orig["create_fp_to_fp"](self, src, dst_type, rounding_mode)
+        return convert(src, dst_type, toward_zero=rounding_mode == rtz)
+
+    def binary_op(self: Any, lhs: Any, rhs: Any, op: Any) -> Any:
+        if _name(lhs.dtype.scalar) != "bf16" or _name(rhs.dtype.scalar) != "bf16":
+            return orig["binary_op"](self, lhs, rhs, op)
+        out = op(bf16_decode(lhs.data), bf16_decode(rhs.data))
+        if out.dtype == np.bool_:  # a comparison: the interpreter's own form for bf16
+            return handle_cls(out.astype(np.uint16), lhs.dtype.scalar)
+        return handle_cls(bf16_encode(out.astype(np.float32)), lhs.dtype.scalar)
+
+    def unary_op(self: Any, arg: Any, op: Any) -> Any:
+        if _name(arg.dtype.scalar) != "bf16":
+            return orig["unary_op"](self, arg, op)
+        out = np.asarray(op(bf16_decode(arg.data)))
+        if out.dtype.kind != "f":
+            return handle_cls(out, arg.dtype.scalar)
+        return handle_cls(bf16_encode(out.astype(np.float32)), arg.dtype.scalar)
+
+    def create_rsqrt(self: Any, arg: Any) -> Any:
+        if _name(arg.dtype.scalar) != "bf16":
+            return orig["create_rsqrt"](self, arg)
+        return handle_cls(bf16_encode(1 / np.sqrt(bf16_decode(arg.data))), arg.dtype.scalar)
+
+    def ternary_op(self: Any, lhs: Any, rhs: Any, other: Any, op: Any) -> Any:
+        if op is not np.clip or _name(other.dtype.scalar) != "bf16":
+            return orig["ternary_op"](self, lhs, rhs, other, op)
+        out = np.clip(bf16_decode(lhs.data), bf16_decode(rhs.data), bf16_decode(other.data))
+        return handle_cls(bf16_encode(out), other.dtype.scalar)
+
+    def create_fma(self: Any, x: Any, y: Any, z: Any) -> Any:
+        if _name(z.dtype.scalar) != "bf16":
+            return orig["create_fma"](self, x, y, z)
+        a, b, c = (bf16_decode(h.data).astype(np.float64) for h in (x, y, z))
+        return handle_cls(bf16_encode((a * b + c).astype(np.float32)), z.dtype.scalar)
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, precision: Any, imprecise: Any) -> Any:
+        if not (_special(a.dtype.scalar) or _special(b.dtype.scalar)):
+            return orig["create_dot"](self, a, b, d, precision, imprecise)
+        lhs = np.asarray(_to_f32(a.data, a.dtype.scalar), dtype=np.float32)
+        rhs = np.asarray(_to_f32(b.data, b.dtype.scalar), dtype=np.float32)
+        if _special(d.dtype.scalar):
+            acc = _to_f32(d.data, d.dtype.scalar)
+            out = np.matmul(lhs, rhs, dtype=np.float32) + acc
+            return handle_cls(_from_values(out, d.dtype.scalar, None, False), d.dtype.scalar)
+        out = np.matmul(lhs, rhs, dtype=d.data.dtype) + d.data
+        return handle_cls(out, d.dtype.scalar)
+
+    def reduce_sum(self: Any, input: Any) -> Any:
+        if _name(input.dtype) != "bf16":
+            return orig_sum(self, input)
+        total = np.sum(
+            bf16_decode(input.handle.data),
+            axis=self.axis,
+            keepdims=self.keep_dims,
+            dtype=np.float32,
+        )
+        return self.to_tensor(bf16_encode(np.asarray(total)), input.dtype)
+
+    def min_max(self: Any, input: Any, val_reduce_op: Any, idx_reduce_op: Any = None) -> Any:
+        x = input[0] if isinstance(input, tuple) else input
+        if _name(x.dtype) != "bf16":
+            return orig_min_max(self, input, val_reduce_op, idx_reduce_op)
+        data = bf16_decode(x.handle.data)
+        keep = {"axis": self.axis, "keepdims": self.keep_dims}
+        val = idx = None
+        if val_reduce_op:
+            val = self.to_tensor(bf16_encode(np.asarray(val_reduce_op(data, **keep))), x.dtype)
+        if idx_reduce_op:
+            idx = self.to_tensor(idx_reduce_op(data, **keep), tl.int32)
+        if val is not None and idx is not None:
+            return val, idx
+        return val if val is not None else idx
+
+    def implicit_cvt(arg: Any) -> Any:
+        if isinstance(arg, _Wide):
+            ty = tl.uint64 if arg.unsigned else tl.int64
+            data = np.array([int(arg)], dtype=np.uint64 if arg.unsigned else np.int64)
+            return tl.tensor(handle_cls(data, ty), ty)
+        return orig_cvt(arg)
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        wide = _wide_parameters(self.fn)
+        if wide:
+            bound = inspect.signature(self.fn).bind_partial(*args, **kwargs)
+            for name, unsigned in wide.items():
+                value = bound.arguments.get(name)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    bound.arguments[name] = _Wide(value, unsigned)
+            args, kwargs = bound.args, dict(bound.kwargs)
+        return orig_call(self, *args, **kwargs)
+
+    out: dict[tuple[Any, str], Callable[..., Any]] = {
+        (builder, "cast_impl"): cast_impl,
+        (builder, "create_fp_to_fp"): create_fp_to_fp,
+        (builder, "binary_op"): binary_op,
+        (builder, "unary_op"): unary_op,
+        (builder, "ternary_op"): ternary_op,
+        (builder, "create_fma"): create_fma,
+        (builder, "create_rsqrt"): create_rsqrt,
+        (builder, "create_dot"): create_dot,
+        (reduce_ops, "sum"): reduce_sum,
+        (reduce_ops, "min_max"): min_max,
+        (interp, "_implicit_cvt"): implicit_cvt,
+        (interp.GridExecutor, "__call__"): call,
+    }
+    return out
+
+
+class _Wide(int):
+    """An int passed to a parameter annotated ``tl.int64`` or ``tl.uint64``."""
+
+    unsigned: bool
+
+    def __new__(cls, value: int, unsigned: bool) -> _Wide:
+        self = super().__new__(cls, value)
+        self.unsigned = unsigned
+        return self
+
+
+def _wide_parameters(fn: Any) -> dict[str, bool]:
+    """Parameters annotated 64-bit integer: name -> unsigned."""
+    from triton.runtime.jit import _normalize_ty
+
+    out: dict[str, bool] = {}
+    for name, ty in inspect.get_annotations(fn).items():
+        try:
+            norm = _normalize_ty(ty)
+        except Exception:  # an annotation Triton does not read as a type is not ours to judge
+            continue
+        if norm in ("i64", "u64"):
+            out[name] = norm == "u64"
+    return out
+
+
+class Shim:
+    """The installed patches and the originals they replace; installs nest."""
+
+    def __init__(self) -> None:
+        self.saved: dict[tuple[Any, str], Any] = {}
+        self.depth = 0
+
+    def install(self) -> None:
+        self.depth += 1
+        if self.depth > 1:
+            return
+        from triton.runtime import interpreter
+
+        patches = _patches(interpreter)
+        for (owner, name), fn in patches.items():
+            self.saved[(owner, name)] = owner.__dict__[name]
+            setattr(owner, name, fn)
+
+    def uninstall(self) -> None:
+        if self.depth == 0:
+            return
+        self.depth -= 1
+        if self.depth > 0:
+            return
+        for (owner, name), original in self.saved.items():
+            setattr(owner, name, original)
+        self.saved.clear()
+
+    @property
+    def installed(self) -> bool:
+        return self.depth > 0
+
+
+SHIM = Shim()

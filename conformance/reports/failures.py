@@ -1,0 +1,23 @@
+"""The report's list of failing passes: every distinct failure, not only the first.
+
+The first failure is the report's headline (FIRST DIFFERENCE, the replay
+script); the others are listed here with their pass, kind and first
+difference, and each carries its own replay lines in the JSON report.
+"""
+
+from __future__ import annotations
+
+from conformance.run.failures import distinct
+from conformance.run.runner import RunResult
+
+
+def failure_lines(result: RunResult) -> list[str]:
+    """``FAILURES (n passes)`` and one line per distinct failure; nothing when none failed."""
+    found = distinct(result.failures)
+    if not found:
+        return []
+    lines = [f"FAILURES: {len(found)} distinct, in {len(result.failures)} failing passes"]
+    for i, failure in enumerate(found, 1):
+        note = " (not deterministic)" if failure.nondeterminism is not None else ""
+        lines.append(f"  {i}. {failure.headline()}{note}")
+    return lines
