@@ -338,7 +338,7 @@ class LockstepMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.plan.max_draft > 0 and bool(self._forkable()))
     @rule(
         which=_PICK,
-        k=st.integers(1, MAX_DRAFT),
+        k=st.integers(0, MAX_DRAFT),
         accepted=st.integers(0, MAX_DRAFT),
         seed=_SEED,
         then=st.integers(0, 3),
@@ -349,12 +349,17 @@ class LockstepMachine(RuleBasedStateMachine):
     ) -> None:
         """A speculative step of one sequence (``1 + k`` tokens), then verify ``a`` or roll back.
 
+        ``k = 0`` drafts up to the end of the block of the verified token (a
+        block full of drafts), or across its boundary when it ends there.
         ``then``: 0 verifies; 1 verifies, then the sequence decodes (it must not
         see the rejected K/V); 2 rolls every draft back; 3 verifies, then a new
         prompt repeats the drafted tokens (no prefix hit may serve a draft).
         """
         seqs = self._forkable()
         seq_id = seqs[which % len(seqs)]
+        if k == 0:
+            b = self.block_size
+            k = max(1, -(self.ls.manager.num_tokens(seq_id) + 1) % b)
         k = min(k, self.plan.max_draft)
         tokens = _tokens(seed, 1 + k)
         others = [(s, [(seed + 7 * s) % VOCAB]) for s in seqs if s != seq_id] if batched else []

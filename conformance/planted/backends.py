@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from conformance.judges.dtypes import round_to
 from conformance.lockstep.numpy_backend import F32, Ints, NumpyPagedBackend
 from conformance.planted.groups import PLANTED_GROUPS
+from conformance.planted.speculative import PLANTED_SPECULATIVE
 from conformance.planted.variants import (
     AlibiSignFlipped,
     Fp8NoSaturation,
@@ -285,5 +286,6 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "fp8 KV scale not applied": Fp8ScaleIgnored,
     "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
     **PLANTED_GROUPS,
+    **PLANTED_SPECULATIVE,
 }
 """Each planted bug, by the bug class it stands for."""
