@@ -10,6 +10,7 @@ import torch
 from group_workloads import GROUP_WORKLOADS
 from hypothesis import given
 from hypothesis import strategies as st
+from speculative_workloads import SPECULATIVE_WORKLOADS
 from variant_workloads import VARIANT_WORKLOADS
 
 from conformance.judges.compare import first_kv_difference, first_output_difference
@@ -154,6 +155,7 @@ WORKLOADS: dict[str, tuple[Callable[[Lockstep], None], WorkloadConfig, set[str]]
     "Fp16Accumulation": (_many_outputs, _config(dtype="float16", block_size=16), {"output"}),
     **VARIANT_WORKLOADS,  # the variant and fp8 bugs: tests/variant_workloads.py
     **GROUP_WORKLOADS,  # the KV cache group bugs: tests/group_workloads.py
+    **SPECULATIVE_WORKLOADS,  # the speculative bugs: tests/speculative_workloads.py
 }
 
 
