@@ -316,7 +316,7 @@ def test_the_quick_profile_catches_a_bug_past_64_keys() -> None:
 
 def test_long_context_workloads_pass_1024_tokens() -> None:
     """The quick profile of the reference reaches past the 256/512/1024-key switch points."""
-    result = run_suite(ReferenceBackend(), "reference", run_seed=3, database=None)
+    result = run_suite(ReferenceBackend(), "reference", run_seed=1, database=None)
     assert result.passed, result.difference
     assert result.stats.rules["add (long prompt, 300..1100 tokens)"] > 0
     assert result.stats.longest > 1024
