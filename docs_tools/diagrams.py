@@ -180,6 +180,43 @@ def static_loop() -> str:
     )
 
 
+def speculative_rollback() -> str:
+    """Lookahead slots for 1 + 3 tokens across a block boundary, then a verification that
+    keeps one draft: the drafts-only block goes back to the pool, and the kept block still
+    holds a rejected draft's K/V past the sequence's length (docs/speculative-decoding.md)."""
+    m = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=True)
+    m.add_sequence(0, [])
+    m.append_slots(0, [11, 12, 13, 14, 15])
+    m.take_copies()
+    step = [16, 21, 22, 23]  # the last verified token, then three drafts
+    start, needed = m.num_tokens(0), m.blocks_needed(0, len(step))
+    slots = m.append_slots(0, step, num_draft=len(step) - 1)
+    m.take_copies()
+    before, held = capture(m, {0: "sequence 0"}), m.block_table(0)
+    rejected = m.verify(0, num_accepted=1)
+    kept, b = m.block_table(0), m.block_size
+    freed = [x for x in held if x not in kept]
+    left = [
+        t for t, slot in zip(step, slots, strict=True) if slot in rejected and slot // b in kept
+    ]
+    after = capture(m, {0: "sequence 0"}, rejected={0: left})
+    return draw_memory(
+        "Speculative decoding: lookahead slots, then verification",
+        [
+            (
+                f"the step: 1 + {len(step) - 1} tokens at p{start}..p{start + len(step) - 1}, "
+                f"blocks_needed = {needed}, slots {slots}",
+                before,
+            ),
+            (
+                f"verify(num_accepted=1): {m.num_tokens(0)} tokens; block {freed[0]} back to "
+                f"the pool; rejected slots {rejected}",
+                after,
+            ),
+        ],
+    )
+
+
 def _sandbox(i: int) -> Callable[[], str]:
     return lambda: story()[i].svg()
 
@@ -194,6 +231,7 @@ DIAGRAMS: dict[str, Callable[[], str]] = {
     "scheduler-loop": scheduler_loop,
     "static-loop": static_loop,
     "mixed-step": draw_mixed_step,
+    "speculative-rollback": speculative_rollback,
 }
 """File name (without ``.svg``) -> the function that draws it."""
 

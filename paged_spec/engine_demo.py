@@ -20,6 +20,15 @@ instead (:mod:`paged_spec.engine.beam_search`): a 20-token prompt, ``--steps`` t
 blocks held at every step against full clones of every beam, then runs a
 plain beam search with contiguous attention and prints ``identical to
 contiguous beam search: K/K``. Exits 1 if any beam differs.
+
+``python -m paged_spec.engine_demo --speculative K`` serves the same requests
+with speculative decoding (:mod:`paged_spec.engine.speculative`): a drafter
+(``--draft layers``, the model's first layer, or ``--draft ngram``) proposes
+up to ``K`` tokens per decoding sequence, each step verifies them in rows of
+``1 + k`` tokens. It prints ``identical to unbatched: N/N``,
+then runs plain decoding (the same scheduler, no drafts) and prints that the
+speculative output equals it token for token, with the acceptance rate and
+the steps each took. Exits 1 if either differs.
 """
 
 from __future__ import annotations
@@ -27,13 +36,16 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
 
 from conformance.errors import SetupError
 from conformance.run.discovery import load_backend
 from paged_spec._cli import positive_int
 from paged_spec.engine.beam_search import contiguous_beam_search, format_steps, paged_beam_search
 from paged_spec.engine.loop import Engine
+from paged_spec.engine.speculative import LayerSkipDrafter, SpeculativeEngine, ngram_drafter
 from paged_spec.engine.tiny_model import TinyModel, generate_alone
 from spec.backend import Backend
 from spec.errors import CapacityError
@@ -96,8 +108,9 @@ def run(
     model: TinyModel,
     requests: Sequence[Request],
     arrivals: dict[int, int],
+    engine_cls: Callable[..., Engine] = Engine,
 ) -> Engine:
-    engine = Engine(model, backend, scheduler_cls(config))
+    engine = engine_cls(model, backend, scheduler_cls(config))
     engine.run(requests, arrivals)
     return engine
 
@@ -126,6 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", action="store_true", help="also run static batching")
     parser.add_argument("--beams", type=positive_int, help="run beam search of this width")
     parser.add_argument("--steps", type=positive_int, default=24, help="beam search: tokens")
+    parser.add_argument(
+        "--speculative", type=positive_int, metavar="K", help="speculative: up to K drafts"
+    )
+    parser.add_argument(
+        "--draft",
+        default="layers",
+        choices=["layers", "ngram"],
+        help="with --speculative: the model's first layer (default) or n-gram lookup",
+    )
     args = parser.parse_args(argv)
     try:
         backend = make_backend(args.backend)
@@ -148,9 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         preemption=args.preemption,
         num_host_blocks=2 * args.num_blocks,
         enable_prefix_caching=True,
+        num_speculative_tokens=args.speculative or 0,
     )
+    engine_cls: Callable[..., Engine] = Engine
+    if args.speculative is not None:
+        drafter = ngram_drafter if args.draft == "ngram" else LayerSkipDrafter(model)
+        engine_cls = partial(SpeculativeEngine, drafter=drafter)
     try:
-        engine = run(backend, ContinuousScheduler, config, model, requests, arrivals)
+        engine = run(backend, ContinuousScheduler, config, model, requests, arrivals, engine_cls)
     except CapacityError as e:  # a pool too small for the requests: a usage error
         parser.error(f"--num-blocks {args.num_blocks} x --block-size {args.block_size}: {e}")
     report(f"continuous batching on {args.backend}", engine)
@@ -165,7 +192,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         if got != alone:
             print(f"request {r.request_id}: batched {got} != alone {alone}")
     print(f"identical to unbatched: {same}/{len(requests)} requests")
-    return 0 if same == len(requests) else 1
+    ok = same == len(requests)
+    if args.speculative is not None:
+        plain_config = replace(config, num_speculative_tokens=0)
+        plain = run(backend, ContinuousScheduler, plain_config, model, requests, arrivals)
+        ok &= compare_plain(engine, plain, requests)
+    return 0 if ok else 1
+
+
+def compare_plain(spec: Engine, plain: Engine, requests: Sequence[Request]) -> bool:
+    """Print whether speculative decoding generated exactly plain decoding's tokens, the
+    acceptance rate and both step counts; True when every token is the same."""
+    same = total = 0
+    for r in requests:
+        got, want = spec.finished[r.request_id].outputs, plain.finished[r.request_id].outputs
+        for a, b in zip(got, want, strict=True):
+            total += len(b)
+            same += sum(x == y for x, y in zip(a, b, strict=False)) if len(a) == len(b) else 0
+        if got != want:
+            print(f"request {r.request_id}: speculative {got} != plain {want}")
+    print(f"speculative output equals plain decoding token for token: {same}/{total} tokens")
+    t = spec.scheduler.metrics.totals()
+    drafted, accepted = int(t.get("draft_tokens", 0)), int(t.get("accepted_tokens", 0))
+    rate = accepted / drafted if drafted else 0.0
+    print(
+        f"acceptance rate: {rate:.2f} ({accepted} of {drafted} drafts accepted, "
+        f"{t.get('accepted_per_step', 0.0):.2f} per step that verified); "
+        f"steps: {len(spec.step_end_times)} speculative, {len(plain.step_end_times)} plain"
+    )
+    return same == total
 
 
 def beams(args: argparse.Namespace, model: TinyModel, backend: Backend) -> int:

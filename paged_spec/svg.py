@@ -38,6 +38,8 @@ COLORS = {
     "copy": ("#bbf7d0", "#15803d"),
     "other": ("#e5e7eb", "#6b7280"),
     "cached": ("#ede9fe", "#6d28d9"),
+    "draft": ("#fef08a", "#a16207"),
+    "rejected": ("#fee2e2", "#b91c1c"),
 }
 LEGEND = {
     "free": "free",
@@ -46,6 +48,8 @@ LEGEND = {
     "copy": "copy-on-write copy",
     "other": "held by other sequences",
     "cached": "cached (no holder)",
+    "draft": "draft token (lookahead slot)",
+    "rejected": "rejected draft's K/V, past the length: never read",
 }
 
 
@@ -158,6 +162,8 @@ class SeqView:
     label: str
     tokens: tuple[int, ...]
     table: tuple[int, ...]
+    drafts: int = 0  # trailing tokens that are drafts in flight (spec.speculative)
+    rejected: tuple[int, ...] = ()  # rejected drafts still in the slots past the last token
 
 
 @dataclass(frozen=True)
@@ -195,10 +201,12 @@ def capture(
     manager: BlockManager,
     labels: Mapping[int, str],
     copies: Sequence[tuple[int, int]] = (),
+    rejected: Mapping[int, Sequence[int]] | None = None,
 ) -> MemoryState:
     """Read the state of ``manager`` through its public API; ``labels`` picks the sequences.
 
-    ``copies`` is what :meth:`BlockManager.take_copies` returned for this step.
+    ``copies`` is what :meth:`BlockManager.take_copies` returned for this step;
+    ``rejected[seq]`` the rejected drafts whose K/V still sits past its tokens.
     """
     pool = manager.pool
     blocks = range(pool.num_blocks)
@@ -206,7 +214,13 @@ def capture(
         b for b in blocks if pool.ref_count(b) == 0 and pool.block_hash(b) is not None
     )
     seqs = tuple(
-        SeqView(label, manager.tokens(sid), manager.block_table(sid))
+        SeqView(
+            label,
+            manager.tokens(sid),
+            manager.block_table(sid),
+            manager.num_drafts(sid),
+            tuple((rejected or {}).get(sid, ())),
+        )
         for sid, label in labels.items()
     )
     return MemoryState(
@@ -302,6 +316,7 @@ def _draw_panel(svg: Svg, y0: float, subtitle: str, state: MemoryState, per_row:
                 first, last = j * b, min(len(seq.tokens), (j + 1) * b) - 1
                 svg.text(x + bw / 2, seq_y - 7, f"p{first}..p{last}", size=9, color="#6b7280")
             _draw_slots(svg, x, seq_y, seq.tokens[j * b : (j + 1) * b], b, state.kind(block))
+            _draw_speculative(svg, x, seq_y, seq, j, b)
             svg.rect(x + bw / 2 - 17, seq_y + CELL + 8, 34, 18, fill="#f9fafb", stroke="#374151")
             svg.text(x + bw / 2, seq_y + CELL + 17, str(block), size=12, mono=True, bold=True)
             _arrow_to_block(svg, x + bw / 2, seq_y + CELL + 26, tops[block], pool_y, bw)
@@ -320,6 +335,20 @@ def _draw_panel(svg: Svg, y0: float, subtitle: str, state: MemoryState, per_row:
         y = st + 14 + CELL + 6
         svg.line(sx, y, dx, dt + 14 + CELL + 6, color="#15803d", width=2, dash=True)
         svg.text((sx + dx) / 2, y + 10, f"copy {src} -> {dst}", size=11, color="#15803d")
+
+
+def _draw_speculative(svg: Svg, x: float, y: float, seq: SeqView, entry: int, b: int) -> None:
+    """Over table entry ``entry``'s slots: its draft tokens, and the rejected K/V past the end."""
+    n = len(seq.tokens)
+    marks = [(p, seq.tokens[p], "draft") for p in range(n - seq.drafts, n)]
+    marks += [(n + i, t, "rejected") for i, t in enumerate(seq.rejected)]
+    for pos, token, kind in marks:
+        if b > 8 or pos // b != entry:
+            continue
+        fill, stroke = COLORS[kind]
+        cx = x + (pos % b) * CELL
+        svg.rect(cx, y, CELL, CELL, fill=fill, stroke=stroke)
+        svg.text(cx + CELL / 2, y + CELL / 2 + 1, str(token), size=11, mono=True, color=stroke)
 
 
 def _legend(svg: Svg, y: float, kinds: Sequence[str]) -> None:
@@ -346,6 +375,8 @@ def draw_memory(title: str, panels: Sequence[tuple[str, MemoryState]], *, per_ro
     for (subtitle, state), (_, h) in zip(panels, sizes, strict=True):
         _draw_panel(svg, y, subtitle, state, per_row)
         kinds |= {state.kind(b) for b in range(len(state.ref_counts))}
+        kinds |= {"draft" for s in state.sequences if s.drafts}
+        kinds |= {"rejected" for s in state.sequences if s.rejected}
         y += h
     _legend(svg, y + 4, [k for k in COLORS if k in kinds])
     return svg.render()

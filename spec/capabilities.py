@@ -60,6 +60,12 @@ class Capabilities:
       queries in one call).
     * Memory: ``copy_on_write`` (fork rules), ``prefix_caching`` (prefix hits),
       ``kv_groups`` (layers in several KV cache groups, one table each).
+    * ``speculative``: multi-token decode rows (:mod:`spec.speculative`): the
+      last verified token and ``k`` drafts after cached context, causal among
+      themselves, whose rejected K/V stays in the cache past ``seq_len`` after
+      a rollback and must never be read. The suite drafts ``k <=
+      max_query_len - 1`` tokens, and only when ``chunked_prefill`` is true
+      too (a row of ``1 + k`` tokens after context is that kind of query).
     * Attention: ``variants``, a subset of :data:`spec.attention.VARIANTS`.
     * ``tensors``: ``"numpy"`` (the default contract) or ``"torch"``.
     * ``table_width``: block tables at least this many entries wide, as an
@@ -88,6 +94,7 @@ class Capabilities:
     copy_on_write: bool = True  # the fork rules: shared blocks, the step's copies
     prefix_caching: bool = True  # sequences that start on prefix-cache hits
     kv_groups: bool = False  # layers in several KV cache groups, one table each
+    speculative: bool = True  # multi-token decode rows (1 + k tokens), rolled back after
     variants: AbstractSet[str] = frozenset()  # of spec.attention.VARIANTS
     tensors: str = "numpy"  # "numpy" (the default contract) or "torch"
     table_width: int | None = None  # block tables padded to at least this width; None: exact

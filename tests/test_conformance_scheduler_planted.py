@@ -36,6 +36,8 @@ SEEDS = {  # seeds that find and shrink each bug quickly
     "copy-on-write copies left out of the batch": 1,
     "swap-in drops the last partial block": 6,
     "a fork's samples read row 0's logits": 1,
+    "speculative decode counted as one token in the budget": 0,
+    "rejected drafts kept as verified in memory": 0,
 }
 
 

@@ -101,7 +101,19 @@ def test_torch_and_triton_pass(exported: Exported, backend: str) -> None:
     assert main(["vectors", "check", str(exported.out), "--backend", backend]) == 0
 
 
-@pytest.mark.parametrize("label", sorted(PLANTED))
+MEMORY_SIDE = sorted(
+    label for label, cls in PLANTED.items() if hasattr(cls, "planted_block_manager")
+)
+"""Planted bugs in the lockstep's block manager, not the backend: vectors hold the backend's
+calls only (the tables and slots already decided), so no replay of them can see such a bug."""
+
+
+def test_only_the_planted_block_managers_are_left_to_the_live_suite() -> None:
+    names = {PLANTED[label].__name__ for label in MEMORY_SIDE}
+    assert names == {"LookaheadOneToken", "DraftBlocksHashed"}
+
+
+@pytest.mark.parametrize("label", sorted(set(PLANTED) - set(MEMORY_SIDE)))
 def test_every_planted_bug_fails(exported: Exported, label: str) -> None:
     result = check_vectors(PLANTED[label](), label, exported.out)
     assert result.difference is not None, f"vectors missed: {label}"

@@ -31,6 +31,19 @@ A backend under the device-resident contract (``tensors="torch"``) is handed
 the same operations as tensors on its device (:mod:`conformance.judges.device_contract`)
 and compared as a larger pool is, so that only what is compared crosses back.
 
+**Speculation** (:mod:`spec.speculative`): ``step(schedule, drafts={seq: k})``
+runs a row whose last ``k`` tokens are drafts in lookahead slots, then
+:meth:`Lockstep.verify` keeps ``a`` of them or :meth:`Lockstep.rollback` none.
+Both sides keep the rejected K/V past the sequence's length, so the cache
+still compares bit for bit, and every later output shows whether a kernel
+read any of it. After each of these operations the memory side is checked
+against the speculative rules themselves (kind ``"memory"``): every token,
+draft or not, has a slot in a block of its table, and no block holding a
+draft or only partly verified carries a prefix-cache hash. A planted memory
+bug (:mod:`conformance.planted.speculative`) swaps the spec's block manager for
+its own through the backend's ``planted_block_manager`` attribute, which no
+real backend has.
+
 With a :class:`~conformance.bounds.checker.BoundsChecker` (``bounds=``), every backend
 call that may launch kernels (:data:`BOUNDS_CHECKED`) runs inside its
 ``watch``, and a call in which a kernel accessed memory outside what
@@ -118,7 +131,7 @@ from conformance.run.calls import attention_calls, sub_batch, token_rows
 from spec.attention import AttentionVariant
 from spec.backend import Backend
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
-from spec.block_manager import PAD_SLOT, BlockManager
+from spec.block_manager import PAD_SLOT, BlockManager, cdiv
 from spec.block_pool import BlockPool
 from spec.capabilities import Capabilities
 from spec.errors import OutOfBlocksError
@@ -178,8 +191,9 @@ class Lockstep:
         self.base = config.block_base
         self.groups = GroupMemory(config) if config.group_windows else None
         self._released = 0  # table entries released by windows, as last noted in the coverage
+        manager_cls = getattr(backend, "planted_block_manager", BlockManager)
         self.manager = (
-            BlockManager(g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching)
+            manager_cls(g.num_blocks, g.block_size, enable_prefix_caching=config.prefix_caching)
             if self.groups is None
             else self.groups.manager  # group 0's: read it, the groups' memory drives it
         )
@@ -254,14 +268,25 @@ class Lockstep:
                 self.manager.free(seq_id)
             self._truth.drop(seq_id)
 
-    def step(self, schedule: Sequence[tuple[int, Sequence[int]]]) -> list[int]:
+    def step(
+        self,
+        schedule: Sequence[tuple[int, Sequence[int]]],
+        drafts: Mapping[int, int] | None = None,
+    ) -> list[int]:
         """Append each sequence's new tokens and run one step; return the sequences that ran.
 
         A sequence the pool cannot grow is left out of the step, unchanged.
+        ``drafts`` names the speculative rows: the last ``drafts[seq]`` tokens
+        of ``seq``'s are drafts, in lookahead slots until :meth:`verify` or
+        :meth:`rollback`.
         """
-        self.log.append(f"ls.step({[(s, list(t)) for s, t in schedule]!r})")
+        k = dict(drafts or {})
+        extra = f", drafts={k!r}" if k else ""
+        self.log.append(f"ls.step({[(s, list(t)) for s, t in schedule]!r}{extra})")
         with self._op():
-            ran = [(s, len(tokens)) for s, tokens in schedule if self._append(s, tokens)]
+            ran = [
+                (s, len(tokens)) for s, tokens in schedule if self._append(s, tokens, k.get(s, 0))
+            ]
             if not ran:
                 return []
             self.step_index += 1
@@ -279,6 +304,26 @@ class Lockstep:
             self._check_kv(None if whole else _written_blocks(batch), batch.seq_ids)
             self._check_outputs(batch, calls, outputs)
             return [seq_id for seq_id, _ in ran]
+
+    def verify(self, seq_id: int, num_accepted: int) -> None:
+        """Keep ``num_accepted`` of ``seq_id``'s drafts (its step ran); reject the rest."""
+        self.log.append(f"ls.verify({seq_id}, {num_accepted})")
+        with self._op():
+            if self.groups is not None:
+                self.groups.cache.verify(seq_id, num_accepted)
+            else:
+                self.manager.verify(seq_id, num_accepted)
+            self._check_speculation(seq_id)
+
+    def rollback(self, seq_id: int) -> None:
+        """Reject every draft of ``seq_id``: it returns to its verified tokens."""
+        self.log.append(f"ls.rollback({seq_id})")
+        with self._op():
+            if self.groups is not None:
+                self.groups.cache.rollback(seq_id)
+            else:
+                self.manager.rollback(seq_id)
+            self._check_speculation(seq_id)
 
     def finish(self) -> None:
         """The end of a workload: the whole pool compared; the outputs' mean error and bias judged.
@@ -560,22 +605,56 @@ class Lockstep:
             self._write_kv(layer, gk, gv, guard_slots)
         self._note_offset(max(guard_slots))
 
-    def _append(self, seq_id: int, tokens: Sequence[int]) -> bool:
+    def _append(self, seq_id: int, tokens: Sequence[int], num_draft: int = 0) -> bool:
         if self.groups is not None:
-            ran = self.groups.append(seq_id, tokens)
+            ran = self.groups.append(seq_id, tokens, num_draft)
             if not ran:
                 self.checks["failed allocations left every KV cache group unchanged"] += 1
-            return ran
-        m = self.manager
-        before = (m.block_table(seq_id), m.num_tokens(seq_id), m.pool.num_available)
-        try:
-            m.append_slots(seq_id, tokens)
-        except OutOfBlocksError:
-            after = (m.block_table(seq_id), m.num_tokens(seq_id), m.pool.num_available)
-            assert before == after, f"internal error: a failed allocation changed {seq_id}"
-            self.checks["failed allocations left the state unchanged"] += 1
-            return False
-        return True
+        else:
+            m = self.manager
+            before = (m.block_table(seq_id), m.num_tokens(seq_id), m.pool.num_available)
+            try:
+                m.append_slots(seq_id, tokens, num_draft=num_draft)
+                ran = True
+            except OutOfBlocksError:
+                after = (m.block_table(seq_id), m.num_tokens(seq_id), m.pool.num_available)
+                assert before == after, f"internal error: a failed allocation changed {seq_id}"
+                self.checks["failed allocations left the state unchanged"] += 1
+                ran = False
+        if ran and num_draft:
+            self._check_speculation(seq_id)
+        return ran
+
+    def _managers(self) -> tuple[BlockManager, ...]:
+        return (self.manager,) if self.groups is None else self.groups.managers
+
+    def _check_speculation(self, seq_id: int) -> None:
+        """The memory rules of :mod:`spec.speculative` for ``seq_id``, in every group.
+
+        Every token, drafts included, has a slot in a block of its table (the
+        lookahead counted every block the ``1 + k`` tokens touch), and no block
+        from the first not wholly verified one on carries a prefix-cache hash
+        (a hit on it could serve a rejected token's K/V, or one overwritten since).
+        """
+        for group, m in enumerate(self._managers()):
+            b, table, n = m.block_size, m.block_table(seq_id), m.num_tokens(seq_id)
+            verified = n - m.num_drafts(seq_id)
+            if len(table) < cdiv(n, b):
+                self._fail(
+                    "memory",
+                    f"sequence {seq_id} (group {group}) holds {len(table)} blocks for {n} tokens "
+                    f"({m.num_drafts(seq_id)} of them drafts): the lookahead slots past a block "
+                    f"boundary have no block (it needs {cdiv(n, b)})",
+                )
+            for i in range(verified // b, len(table)):
+                if table[i] != PAD_BLOCK and m.pool.block_hash(table[i]) is not None:
+                    self._fail(
+                        "memory",
+                        f"sequence {seq_id} (group {group}): block {table[i]} (table entry {i}) "
+                        f"has a prefix-cache hash but holds tokens past the {verified} verified "
+                        "ones (drafts, or rejected and overwritten)",
+                    )
+        self.checks["speculative memory rules checked (lookahead blocks, unhashed drafts)"] += 1
 
     def _attention_calls(self, batch: BatchMetadata) -> list[_Call]:
         """The sequences of each attention call the backend accepts; the rest count as skipped."""

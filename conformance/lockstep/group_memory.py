@@ -89,12 +89,12 @@ class GroupMemory:
             m.add_sequence(seq_id, prompt, max_cached=cached)
         return cached
 
-    def append(self, seq_id: int, tokens: Sequence[int]) -> bool:
+    def append(self, seq_id: int, tokens: Sequence[int], num_draft: int = 0) -> bool:
         """Give slots to a step's ``tokens`` of ``seq_id``, in every group; False when the pool
-        cannot, and then nothing changed in any group."""
+        cannot, and then nothing changed in any group. The last ``num_draft`` are drafts."""
         before, released = self._snapshot(), self._released(seq_id)
         try:
-            self.cache.grow(seq_id, tokens)
+            self.cache.grow(seq_id, tokens, num_draft=num_draft)
         except OutOfBlocksError:
             assert self._snapshot() == before, f"internal error: a failed growth changed {seq_id}"
             return False

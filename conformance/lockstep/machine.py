@@ -26,6 +26,18 @@ What an example starts with depends on its pass (:data:`conformance.lockstep.pla
   decoded; later rules fork it, hit its prefix and resend whole prompts;
 * **short**: one sequence, not yet run.
 
+Speculative rules (:mod:`spec.speculative`, when the backend's capabilities allow
+rows of ``1 + k`` tokens): a decoding sequence drafts ``k`` tokens into
+lookahead slots, alone or beside a decode of every other finished sequence;
+the step runs on both sides; then ``a`` drafts are verified (a drawn count)
+or all rolled back, and sometimes the same sequence decodes at once (its
+query must see none of the rejected K/V still in its last block), or a new
+prompt repeats the drafted tokens (the prefix cache must not serve a block
+that held a rejected draft). Drafts are never left in flight past the rule,
+so every other rule (forks, frees, prefix hits, windows) meets sequences
+whose tokens are all verified, and mixes with speculation from one rule to
+the next.
+
 Steps respect the backend's capabilities: prefill chunks no longer than
 ``max_query_len`` (when it is above 1), whole prompts when ``chunked_prefill``
 is false, no sequence grown past ``max_context_len``; the lockstep splits or
@@ -53,7 +65,7 @@ from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.envelope import Envelope
 from conformance.lockstep.groups import group_label
 from conformance.lockstep.pairs import planned_pairs, split_keys
-from conformance.lockstep.plan import OPENS_WITH_PAIRS, Plan
+from conformance.lockstep.plan import MAX_DRAFT, OPENS_WITH_PAIRS, Plan
 from conformance.lockstep.spec_side import SpecSide
 from conformance.lockstep.variants import label
 from conformance.lockstep.workload import WorkloadConfig
@@ -383,6 +395,56 @@ class LockstepMachine(RuleBasedStateMachine):
         ]
         self._run(schedule)
 
+    @precondition(lambda self: self.plan.max_draft > 0 and bool(self._forkable()))
+    @rule(
+        which=_PICK,
+        k=st.integers(0, MAX_DRAFT),
+        accepted=st.integers(0, MAX_DRAFT),
+        seed=_SEED,
+        then=st.integers(0, 3),
+        batched=st.booleans(),
+    )
+    def speculate(
+        self, which: int, k: int, accepted: int, seed: int, then: int, batched: bool
+    ) -> None:
+        """A speculative step of one sequence (``1 + k`` tokens), then verify ``a`` or roll back.
+
+        ``k = 0`` drafts up to the end of the block of the verified token (a
+        block full of drafts), or across its boundary when it ends there.
+        ``then``: 0 verifies; 1 verifies, then the sequence decodes (it must not
+        see the rejected K/V); 2 rolls every draft back; 3 verifies, then a new
+        prompt repeats the drafted tokens (no prefix hit may serve a draft).
+        """
+        seqs = self._forkable()
+        seq_id = seqs[which % len(seqs)]
+        if k == 0:
+            b = self.block_size
+            k = max(1, -(self.ls.manager.num_tokens(seq_id) + 1) % b)
+        k = min(k, self.plan.max_draft)
+        tokens = _tokens(seed, 1 + k)
+        others = [(s, [(seed + 7 * s) % VOCAB]) for s in seqs if s != seq_id] if batched else []
+        drafted = [*self.ls.manager.tokens(seq_id), *tokens]
+        self._run([(seq_id, tokens), *others], drafts={seq_id: k})
+        if not self.ls.manager.num_drafts(seq_id):
+            return  # left out (no room, or past max_context_len): no drafts in flight
+        if then == 2:
+            self.ls.rollback(seq_id)
+            self._count("speculative step, all of its drafts rolled back")
+            return
+        a = min(accepted, k)
+        self.ls.verify(seq_id, a)
+        kept = "none" if a == 0 else "all" if a == k else "some"
+        self._count(f"speculative step, {kept} of its drafts accepted")
+        if then == 1:
+            self._run([(seq_id, [seed % VOCAB])])
+            self._count("decode right after a verification")
+        elif then == 3 and a < k:
+            self._make_room(1, keep=seq_id)
+            self._start(self._fit_prompt(drafted))
+            new = self.next_id - 1
+            self._count("add (a prompt repeating rejected drafts)")
+            self._run([(new, self.pending[new][: self._chunk_limit(None)])])
+
     @precondition(lambda self: self.plan.copy_on_write and bool(self._forkable()))
     @rule(which=_PICK, write=st.booleans(), token=_PICK)
     def fork(self, which: int, write: bool, token: int) -> None:
@@ -572,14 +634,19 @@ class LockstepMachine(RuleBasedStateMachine):
         self.ls.free(seq_id)
         del self.pending[seq_id]
 
-    def _run(self, schedule: list[tuple[int, list[int]]]) -> bool:
-        """Run one step; True when the first sequence of ``schedule`` ran."""
+    def _run(
+        self, schedule: list[tuple[int, list[int]]], drafts: dict[int, int] | None = None
+    ) -> bool:
+        """Run one step; True when the first sequence of ``schedule`` ran.
+
+        ``drafts`` names the speculative rows and their draft counts.
+        """
         schedule = self._within_context(schedule)
         if not schedule:
             return False
         before = {s: self.ls.manager.num_tokens(s) for s, _ in schedule}
         try:
-            ran = set(self.ls.step(schedule))
+            ran = set(self.ls.step(schedule, drafts))
         except ConformanceFailure as failure:
             self.stats.note_failure()
             if not self.defer_failure:

@@ -79,6 +79,8 @@ PASSES = ("short", "wide", "long", "large pool", "production", "feature", "group
 _WIDE_EXTRA = 4
 """Sequences a wide example may add beyond its starting width (new prompts mid-run)."""
 _WIDE_TOKENS = 24
+MAX_DRAFT = 4
+"""Draft tokens per speculative row at most (the step's row then holds 1 + 4 tokens)."""
 """Tokens a wide example's sequence may grow by after its prompt (decodes)."""
 
 
@@ -121,6 +123,19 @@ class Plan:
     def max_live(self) -> int:
         """Live sequences at most."""
         return self.widths[-1] + _WIDE_EXTRA if self.wide else self.envelope.short_seqs
+
+    @property
+    def max_draft(self) -> int:
+        """Drafts a speculative row may carry: 0 when the backend runs no such row.
+
+        A row of ``1 + k`` tokens after cached context needs ``speculative``,
+        ``chunked_prefill`` and ``max_query_len >= 1 + k``.
+        """
+        caps = self.capabilities
+        if not (caps.speculative and caps.chunked_prefill):
+            return 0
+        limit = MAX_DRAFT if caps.max_query_len is None else caps.max_query_len - 1
+        return max(0, min(MAX_DRAFT, limit))
 
     def configs(self) -> st.SearchStrategy[WorkloadConfig]:
         """Workload configurations; they shrink towards the first value of each set."""
@@ -301,6 +316,11 @@ def plan_for(
         skipped.append("prefix-cache hits: capabilities.prefix_caching is False")
     skipped += group_skips(caps)
     skipped += _query_skips(caps, env)
+    if not plan.max_draft:
+        skipped.append(
+            "speculative rules (draft, verify, roll back): capabilities.speculative, "
+            "chunked_prefill or max_query_len >= 2 missing"
+        )
     skipped += _excluded(plan)
     return replace(plan, skipped=tuple(skipped), notes=tuple(notes))
 

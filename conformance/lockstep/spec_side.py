@@ -19,7 +19,7 @@ state, and nothing else: no backend, no KV values, no attention, no checks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from conformance.lockstep.group_memory import GroupMemory
 from conformance.lockstep.workload import WorkloadConfig
@@ -75,15 +75,37 @@ class SpecSide:
         else:
             self.manager.free(seq_id)
 
-    def step(self, schedule: Sequence[tuple[int, Sequence[int]]]) -> list[int]:
-        """Give each sequence's tokens their slots and lay the step out; the sequences that ran."""
-        ran = [(s, len(tokens)) for s, tokens in schedule if self._append(s, tokens)]
+    def step(
+        self,
+        schedule: Sequence[tuple[int, Sequence[int]]],
+        drafts: Mapping[int, int] | None = None,
+    ) -> list[int]:
+        """Give each sequence's tokens their slots and lay the step out; the sequences that ran.
+
+        ``drafts``: the speculative rows' draft counts, as a Lockstep takes them.
+        """
+        k = dict(drafts or {})
+        ran = [(s, len(t)) for s, t in schedule if self._append(s, t, k.get(s, 0))]
         if ran:
             if self.groups is not None:
                 self.groups.layout(ran)
             else:
                 build_batch(self.manager, ran)  # laying out commits: copies taken, tokens placed
         return [seq_id for seq_id, _ in ran]
+
+    def verify(self, seq_id: int, num_accepted: int) -> None:
+        """Keep ``num_accepted`` of ``seq_id``'s drafts; reject the rest."""
+        if self.groups is not None:
+            self.groups.cache.verify(seq_id, num_accepted)
+        else:
+            self.manager.verify(seq_id, num_accepted)
+
+    def rollback(self, seq_id: int) -> None:
+        """Reject every draft of ``seq_id``."""
+        if self.groups is not None:
+            self.groups.cache.rollback(seq_id)
+        else:
+            self.manager.rollback(seq_id)
 
     def finish(self) -> None:
         """Nothing to judge: no backend ran."""
@@ -94,11 +116,11 @@ class SpecSide:
         else:
             self.manager.check_integrity()
 
-    def _append(self, seq_id: int, tokens: Sequence[int]) -> bool:
+    def _append(self, seq_id: int, tokens: Sequence[int], num_draft: int = 0) -> bool:
         if self.groups is not None:
-            return self.groups.append(seq_id, tokens)
+            return self.groups.append(seq_id, tokens, num_draft)
         try:
-            self.manager.append_slots(seq_id, tokens)
+            self.manager.append_slots(seq_id, tokens, num_draft=num_draft)
         except OutOfBlocksError:
             return False
         return True

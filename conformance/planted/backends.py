@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from conformance.judges.dtypes import round_to
 from conformance.lockstep.numpy_backend import F32, Ints, NumpyPagedBackend
 from conformance.planted.groups import PLANTED_GROUPS
+from conformance.planted.speculative import PLANTED_SPECULATIVE
 from conformance.planted.variants import (
     AlibiFromKeyZero,
     AlibiSignFlipped,
@@ -381,5 +382,6 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "fp8 KV write multiplies by the reciprocal of the scale": QuantizesByReciprocal,
     "ALiBi measured from key 0 (only a sink shows it)": AlibiFromKeyZero,
     **PLANTED_GROUPS,
+    **PLANTED_SPECULATIVE,
 }
 """Each planted bug, by the bug class it stands for."""

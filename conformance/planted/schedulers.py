@@ -9,12 +9,13 @@ and its cleanup, and so override its internal hooks (``_release``,
 ``_running`` table, the ``cache`` it asks for blocks): if those change, the
 self-test reports them as missed.
 
-The suite finds the first seven with the model-free invariants, the last three
-only with the engine loop: the invariants cannot see a lost copy, a lost swap
-or a sample read from the wrong row, but what the requests generate can.
+The suite finds the first seven and the two speculative ones (the last two) with
+the model-free invariants, the three after the first seven only with the engine
+loop: the invariants cannot see a lost copy, a lost swap or a sample read from
+the wrong row, but what the requests generate can.
 
 >>> len(PLANTED), len(ENGINE_ONLY)
-(10, 3)
+(12, 3)
 """
 
 from __future__ import annotations
@@ -226,6 +227,23 @@ class ForkReadsRowZero(_Wrapped):
         return dataclasses.replace(out, samples=samples)
 
 
+class SpecBudgetOneToken(ContinuousScheduler):
+    """Counts one token per speculative decode in the budget: its drafts ride free (hook:
+    ``_charge``), so a step of speculative rows passes ``max_num_batched_tokens``."""
+
+    def _charge(self, seq: Sequence, k: int, plan: Any, drafts: tuple[int, ...] = ()) -> None:
+        super()._charge(seq, k, plan, drafts)
+        plan.budget += len(drafts)
+
+
+class SpecKeepsRejected(ContinuousScheduler):
+    """Verifies every draft on the memory side, whatever the target accepted (hook:
+    ``_verify``): the block manager keeps rejected tokens the sequence never had."""
+
+    def _verify(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        super()._verify(seq, drafted, drafted)
+
+
 PLANTED: dict[str, Callable[[SchedulerConfig], Scheduler]] = {
     "budget per sequence, not per step": BudgetPerSequence,
     "max_num_seqs + 2 running": SeatsOffByTwo,
@@ -237,6 +255,8 @@ PLANTED: dict[str, Callable[[SchedulerConfig], Scheduler]] = {
     "copy-on-write copies left out of the batch": DropsCopies,
     "swap-in drops the last partial block": SwapsInWholeBlocks,
     "a fork's samples read row 0's logits": ForkReadsRowZero,
+    "speculative decode counted as one token in the budget": SpecBudgetOneToken,
+    "rejected drafts kept as verified in memory": SpecKeepsRejected,
 }
 """Each planted bug, by what it breaks, and the class (a factory taking a config)."""
 

@@ -33,6 +33,14 @@ every step it checks:
 * progress: a step that has work left computes a token or frees blocks (no deadlock);
 * bounded wait: under FCFS no request is first scheduled before one that arrived
   earlier, and every request finishes within a step bound;
+* speculative rows (``config.num_speculative_tokens > 0``, a scheduler with
+  ``propose``): the run proposes drafts for every running sequence before each
+  step, some of them wrong; a row the step verifies carries ``1 + k`` tokens,
+  ``k`` at most ``num_speculative_tokens``, the drafts exactly the proposal's
+  first ``k`` (the budget rule above counts all of them); the executor accepts
+  the drafts greedy verification keeps (:func:`spec.speculative.accepted_prefix`);
+  between steps no sequence has drafts in flight; at the end the scheduler's
+  metrics report exactly the drafts verified and accepted;
 * at the end: no blocks leaked, sequence ids unique to one request, and each
   sample generated exactly what it generates alone, cut at its stop token or
   its length.
@@ -58,7 +66,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import pairwise
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -66,6 +74,7 @@ from conformance.run.watchdog import CallTimeout, current_watch
 from spec.block_manager import cdiv
 from spec.request import Request
 from spec.scheduler import FinishedRequest, Scheduler, SchedulerConfig, SchedulerOutput
+from spec.speculative import accepted_prefix
 
 TokenFn = Callable[[Request, int, int], int]
 T = TypeVar("T")
@@ -87,8 +96,14 @@ FCFS = "FCFS order"
 UNIQUE_IDS = "sequence ids unique to one request"
 LEAK = "no leak at the end"
 OUTPUTS = "outputs as sampled"
+DRAFTS = "speculative rows carry the proposed drafts"
+VERIFIED = "no drafts in flight between steps"
+ACCEPTANCE = "acceptance metrics as verified"
 RULES: tuple[str, ...] = (BUDGET, SEATS, SLOTS, INPUTS, NO_SKIP, INTEGRITY, CALLS, FINISHED)
 RULES += (PROGRESS, BOUNDED, FCFS, UNIQUE_IDS, LEAK, RETURNS, CONFIG)
+SPECULATIVE_RULES = (DRAFTS, VERIFIED, ACCEPTANCE)
+"""The rules a run checks only when it speculates (counted apart, so that a run without
+speculation reports what it always did)."""
 """Every rule a run checks, whatever its executor (which adds its own final rule)."""
 
 PATHS = (
@@ -104,6 +119,7 @@ PATHS = (
     "steps that preempted",
     "swap-ins",
 )
+SPECULATIVE_PATHS = ("speculative rows", "drafts accepted", "drafts rejected")
 """The hard paths a run counts (a count of 0 is a path the scheduler never took)."""
 
 
@@ -127,8 +143,9 @@ class Executor(Protocol):
         """The name of the final check it makes possible (how its outputs are compared)."""
         ...
 
-    def execute(self, out: SchedulerOutput) -> dict[int, int]:
-        """Execute ``out`` and return one sampled token per ``out.samples`` entry's ``seq_id``."""
+    def execute(self, out: SchedulerOutput) -> Mapping[int, int | tuple[int, ...]]:
+        """Execute ``out`` and return one sampled token per ``out.samples`` entry's ``seq_id``
+        (a speculative row's: its accepted drafts, then the next token)."""
         ...
 
     def alone(self, request: Request) -> tuple[tuple[int, ...], ...]:
@@ -181,11 +198,19 @@ class _TokenFnExecutor:
     tokens: TokenFn
     rule: str = OUTPUTS
 
-    def execute(self, out: SchedulerOutput) -> dict[int, int]:
-        return {
-            s.seq_id: self.tokens(self.requests[s.request_id], s.sample_index, s.position)
-            for s in out.samples
-        }
+    def execute(self, out: SchedulerOutput) -> dict[int, int | tuple[int, ...]]:
+        drafts = dict(out.drafts)
+        sampled: dict[int, int | tuple[int, ...]] = {}
+        for s in out.samples:
+            request = self.requests[s.request_id]
+            if s.seq_id not in drafts:
+                sampled[s.seq_id] = self.tokens(request, s.sample_index, s.position)
+                continue
+            d = drafts[s.seq_id]  # greedy verification against the true tokens
+            targets = [self.tokens(request, s.sample_index, s.position + j) for j in range(len(d))]
+            targets.append(self.tokens(request, s.sample_index, s.position + len(d)))
+            sampled[s.seq_id] = accepted_prefix(d, targets)[1]
+        return sampled
 
     def alone(self, request: Request) -> tuple[tuple[int, ...], ...]:
         return expected_outputs(request, self.tokens)
@@ -241,6 +266,9 @@ class _Run:
     executor: Executor | None = None
     submitted: list[int] = field(default_factory=list)
     first_row: dict[int, int] = field(default_factory=dict)  # seq id -> first step it ran
+    proposals: dict[int, tuple[int, ...]] = field(default_factory=dict)  # this step's drafts
+    drafted: int = 0  # drafts verified over the run
+    accepted: int = 0  # of which accepted
     sampled_at: dict[tuple[int, int, int], int] = field(default_factory=dict)
 
     def check(self, ok: bool, rule: str, detail: str, step: int | None = None) -> None:
@@ -331,10 +359,12 @@ class _Run:
         sched, report = self.sched, self.report
         busy = self.has_unfinished()
         before = set(sched.manager.sequence_ids())
+        self.propose()
         out = self.call(sched.step, "step()")
         self.returned(out, SchedulerOutput, "step()")
         self.check_config()
         self.check_step(out, busy=busy)
+        self.check_drafts(out)
         self.count_paths(out, before)
         assert self.executor is not None
         execute = partial(self.executor.execute, out)
@@ -344,13 +374,68 @@ class _Run:
             sampled = self.call(execute, f"executing step {out.step}", EXECUTABLE)
         for s in out.samples:
             self.sampled_at[(s.request_id, s.sample_index, s.position)] = report.steps
-        finished = self.call(partial(sched.update, sampled), "update()")
+        # a speculative row's value is a tuple: only a scheduler that emitted drafts gets one
+        update = cast(Callable[[Mapping[int, object]], list[FinishedRequest]], sched.update)
+        finished = self.call(partial(update, sampled), "update()")
         self.returned(finished, (list, tuple), "update()")
         for done in finished:
             self.returned(done, FinishedRequest, "update()", "returned a list holding")
             self.finished(done)
         self.integrity()
+        if out.drafts:
+            self.accepted += sum(len(_tokens(sampled[s])) - 1 for s, _ in out.drafts)
+            m = sched.manager
+            drafting = [s for s in m.sequence_ids() if m.num_drafts(s)]
+            self.check(not drafting, VERIFIED, f"sequences {drafting} still hold drafts")
         report.steps += 1
+
+    def propose(self) -> None:
+        """Offer drafts to every running sequence: the true next tokens, one in three wrong.
+
+        Only with the model-free executor (it knows the true tokens) and a
+        scheduler that takes proposals (``propose``) and speculates.
+        """
+        self.proposals = {}
+        k = self.sched.config.num_speculative_tokens
+        propose = getattr(self.sched, "propose", None)
+        sequences = getattr(self.sched, "sequences", None)
+        ex = self.executor
+        if not k or propose is None or sequences is None or not isinstance(ex, _TokenFnExecutor):
+            return
+        running = set(self.sched.manager.sequence_ids())
+        for seq in sequences():
+            if seq.seq_id not in running or not seq.forked:
+                continue
+            start, request = seq.num_generated, seq.request
+            drafts = [ex.tokens(request, seq.sample_index, start + j) for j in range(k)]
+            drafts = [
+                (t + 1) % 61 if (seq.seq_id + self.report.steps + j) % 3 == 0 else t
+                for j, t in enumerate(drafts)
+            ]
+            self.call(partial(propose, seq.seq_id, drafts), f"propose({seq.seq_id}, ...)")
+            self.proposals[seq.seq_id] = tuple(drafts)
+
+    def check_drafts(self, out: SchedulerOutput) -> None:
+        """Each speculative row: ``1 + k`` tokens ending in the first ``k`` proposed drafts."""
+        b, k = out.batch, self.sched.config.num_speculative_tokens
+        for seq_id, drafts in out.drafts:
+            i = b.seq_ids.index(seq_id) if seq_id in b.seq_ids else None
+            proposed = self.proposals.get(seq_id, ())
+            row = (
+                () if i is None else out.token_ids[b.query_start_loc[i] : b.query_start_loc[i + 1]]
+            )
+            self.check(
+                i is not None
+                and 0 < len(drafts) <= k
+                and tuple(drafts) == proposed[: len(drafts)]
+                and len(row) == 1 + len(drafts)
+                and tuple(row[1:]) == tuple(drafts),
+                DRAFTS,
+                f"sequence {seq_id}: drafts {tuple(drafts)} in a row of tokens {tuple(row)}; "
+                f"proposed {proposed}, at most {k} drafts, one verified token before them",
+            )
+            self.drafted += len(drafts)
+            self.report.paths["speculative rows"] += 1
 
     def check_step(self, out: SchedulerOutput, *, busy: bool) -> None:
         cfg, m, b = self.config, self.sched.manager, out.batch
@@ -448,6 +533,7 @@ class _Run:
             assert got is not None
             self.check_outputs(r, got, self.executor.alone(r))
         report.paths["requests finished"] += sum(not d.aborted for d in report.results.values())
+        self.check_acceptance()
         self.check_unique_ids()
         if self.config.policy == "fcfs":
             self.check_fcfs()
@@ -474,6 +560,22 @@ class _Run:
         if j is None:
             return f"{head} (lengths differ)"
         return f"{head} (token {j} differs; it was sampled at step {self.sampled_at[(rid, i, j)]})"
+
+    def check_acceptance(self) -> None:
+        """The scheduler's speculation metrics equal the drafts verified and accepted."""
+        metrics = getattr(self.sched, "metrics", None)
+        totals = getattr(metrics, "speculation_totals", None)
+        if not self.drafted or totals is None:
+            return
+        got = totals()
+        want = {"draft_tokens": self.drafted, "accepted_tokens": self.accepted}
+        self.report.paths["drafts accepted"] += self.accepted
+        self.report.paths["drafts rejected"] += self.drafted - self.accepted
+        self.check(
+            {key: got.get(key) for key in want} == want,
+            ACCEPTANCE,
+            f"metrics report {got}, the run verified {want}",
+        )
 
     def check_unique_ids(self) -> None:
         owner: dict[int, int] = {}
@@ -502,6 +604,10 @@ class _Run:
     def first_step(self, done: FinishedRequest) -> int | None:
         steps = [self.first_row[s] for s in done.seq_ids if s in self.first_row]
         return min(steps, default=None)
+
+
+def _tokens(sampled: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (sampled,) if isinstance(sampled, int) else sampled
 
 
 def _step_bound(requests: Sequence[Request], arrivals: Mapping[int, int]) -> int:

@@ -20,7 +20,7 @@ strategy is built once, not per example.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal
 
@@ -106,6 +106,8 @@ def workloads(
     aborts = {}
     for _ in range(draw(_ABORTS)):  # now and then, abort at some step
         aborts[draw(_ints(0, len(requests) - 1))] = draw(_ints(0, 12))
+    k = draw(_either(_ints(0, 0), _ints(1, 4)))  # drawn last: earlier draws stay as they were
+    config = replace(config, num_speculative_tokens=k)
     return Workload(config, requests, arrivals, aborts)
 
 
