@@ -1,7 +1,7 @@
 """What a vector check prints for a planted bug: the first difference, as docs/vectors.md shows it.
 
 Run ``python -m docs_tools.vectors_demo`` (``--bug NAME``: a class of
-:mod:`conformance.planted.backends`, ``CopiesKeyOnly`` by default). It exports the quick
+:mod:`conformance.planted.backends`, ``SlotOffByOne`` by default). It exports the quick
 profile with one example per pass into a temporary directory (seed 1), checks
 the planted backend against it, and prints the report's verdict and first
 difference; the replay script is left out, since it names the temporary path.
@@ -30,7 +30,7 @@ READER = Path(__file__).resolve().parent.parent / "conformance" / "vectors" / "r
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m docs_tools.vectors_demo", description=__doc__)
     names = sorted(cls.__name__ for cls in planted.PLANTED.values())
-    parser.add_argument("--bug", choices=names, default="CopiesKeyOnly", metavar="NAME")
+    parser.add_argument("--bug", choices=names, default="SlotOffByOne", metavar="NAME")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "vectors"
@@ -64,7 +64,7 @@ def _c_reader(vectors: Path, tmp: Path) -> str:
     manifests = [str(p) for p in sorted(vectors.glob("*/manifest.json"))]
     done = subprocess.run([str(exe), *manifests], capture_output=True, text=True, check=False)
     counts = Counter(line.split()[0] for line in done.stdout.splitlines() if line)
-    verdicts = ", ".join(f"{counts[k]} {k}" for k in ("PASS", "SKIP", "FAIL") if counts[k])
+    verdicts = ", ".join(f"{counts[k]} {k}" for k in ("PASS", "SKIP", "FAIL", "ERROR") if counts[k])
     return f"C reader (vectors_check.c) on the same vectors: {verdicts}; exit {done.returncode}"
 
 
