@@ -27,7 +27,8 @@ from conformance.judges.dtypes import round_to
 from conformance.judges.numerics import same_precision as numpy_same_precision
 from conformance.judges.numerics import ulp
 from conformance.judges.tile_plan import MemoryLimitError, split_items
-from spec.attention import AttentionVariant, alibi_slopes, paged_attention
+from spec.attention import AttentionVariant, alibi_slopes
+from spec.attention_batched import paged_attention_batched as paged_attention
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout
 from spec.errors import InvalidRequestError, UnknownBlockError
 from spec.kv_memory import KVMemory

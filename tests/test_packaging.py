@@ -133,7 +133,7 @@ def test_installed_in_a_fresh_environment_the_script_and_the_plugin_work(
     assert "usage: paged-spec run" in run(bin_dir / "paged-spec", "run").stderr
     quick = ("--seed", "1", "--no-database")
     done = run(bin_dir / "paged-spec", "run", "--backend", "reference", "--max-examples", "2",
-               "--time-budget", "3", *quick)  # fmt: skip
+               "--time-budget", "3", "--budget-passes", *quick)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "conformance: backend 'reference' (profile quick, seed 1): " in done.stdout
     assert "FAILED" not in done.stdout

@@ -161,10 +161,14 @@ class _MemoryBug(NumpyPagedBackend):
 
 
 class LookaheadOneToken(_MemoryBug):
+    """Lookahead allocated for one token: drafts past a block boundary get no block."""
+
     planted_block_manager = OneTokenLookahead
 
 
 class DraftBlocksHashed(_MemoryBug):
+    """A block hashed while it holds a draft, still named after the rollback."""
+
     planted_block_manager = HashesDrafts
 
 
