@@ -51,7 +51,7 @@ def test_every_malformed_vector_is_a_setup_error(malformed: list[tuple[str, Path
         ("version true", "version True"),
         ("num_layers 2.5", "num_layers: 2.5 is not of type integer"),
         ("num_heads 0", "num_heads"),
-        ("negative kv scale", "kv_scales[1][0]: -0.5"),
+        ("negative kv scale", "kv_scales[0][0]: -0.5"),
         ("NaN scale", "NaN is not a JSON number"),
         ("NaN data", "holds a NaN"),
         ("block id 10^12 in a copy", "copies: 1000000000000 is outside 0..13"),
