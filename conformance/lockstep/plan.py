@@ -102,6 +102,7 @@ class Plan:
     kind: str = "short"
     shape: Shape | None = None  # the production pass's one shape
     feature: str | None = None  # the feature pass's declared variant or fp8 KV dtype
+    poison: bool = True  # may examples poison the slots no live token owns (NaN, +-inf)
 
     @property
     def long_context(self) -> bool:
@@ -229,7 +230,7 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     if plan.kind in OPENS_WITH_PAIRS and plan.prefix_caching:
         prefix_caching = True  # the opening's prefix hit
     geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
-    poison = draw(st.sampled_from(_POISON_DRAWS))
+    poison = draw(st.sampled_from(_POISON_DRAWS)) if plan.poison else None
     if kv_dtype is not None and poison is not None:
         poison = "NaN"  # an fp8 write saturates infinities to the largest finite value
     windows: tuple[int | None, ...] = ()

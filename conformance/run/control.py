@@ -66,6 +66,8 @@ class RunControl:
     the one ``capabilities.device`` picks; ``envelope_scale``: divide the
     envelope's lengths and widths by this factor
     (:func:`conformance.lockstep.envelope_scale.scaled`).
+    ``poison``: whether examples may fill the slots no live token owns with NaN or
+    infinities (off for the vectors export, whose format holds finite data only).
     ``every_pass``: a failing pass does not stop the others, so one bug cannot
     hide another (off: stop at the first failure, as the selftest does).
     """
@@ -80,6 +82,7 @@ class RunControl:
     envelope: str | None = None
     envelope_scale: int = 1
     every_pass: bool = True
+    poison: bool = True  # False: no example poisons unowned slots (the vectors export)
 
     def __post_init__(self) -> None:
         if self.envelope is not None and self.envelope not in ("cpu", "device"):

@@ -229,7 +229,7 @@ def run_suite(
         raise SetupError(f"max_examples must be at least 1, got {max_examples}")
     bounds = _bounds_checker(control)
     caps = backend.capabilities
-    plan = plan_for(caps, dtypes, control.envelope)
+    plan = replace(plan_for(caps, dtypes, control.envelope), poison=control.poison)
     if control.envelope_scale > 1:
         plan = replace(plan, envelope=scaled(plan.envelope, control.envelope_scale))
         plan = replace(plan, notes=(*plan.notes, _scale_note(plan, control.envelope_scale)))

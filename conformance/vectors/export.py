@@ -36,6 +36,7 @@ from conformance.errors import SetupError
 from conformance.judges.dtypes import round_to
 from conformance.judges.numerics import LARGE_LOGITS, USUAL_SCALE, same_precision
 from conformance.lockstep.workload import scale_for
+from conformance.run.control import RunControl
 from conformance.run.runner import PROFILES, run_suite
 from conformance.vectors.format import (
     ARRAYS,
@@ -284,6 +285,7 @@ def export_vectors(
             database=None,
             max_examples=examples,
             shrink=False,
+            control=RunControl(poison=False),  # the format holds finite data only
         )
         if not result.passed:
             detail = "" if result.difference is None else result.difference.describe()
