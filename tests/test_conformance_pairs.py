@@ -14,10 +14,6 @@ from spec.backend import Capabilities
 _CONSTRUCTED = ["feature", "large pool", "groups"]
 
 
-@pytest.mark.xfail(
-    reason="known failure after the round's merges (issues 20, 22, 23 left open; see the closing note): the speculative rule shifted the draws; the expected unreachable pair is now reached",  # noqa: E501
-    strict=False,
-)
 def test_the_constructed_passes_reach_every_reachable_pair() -> None:
     result = run_suite(NumpyPagedBackend(), "numpy", run_seed=5, database=None,
                        passes=_CONSTRUCTED)  # fmt: skip
@@ -43,17 +39,13 @@ def test_capabilities_that_rule_a_path_out_are_named() -> None:
     assert ("sinks", "prefill") not in why
 
 
-@pytest.mark.xfail(
-    reason="known failure after the round's merges (issues 20, 22, 23 left open; see the closing note): SinksWrongOnSplitKV is no longer caught in the pass this test runs after the draws shifted",  # noqa: E501
-    strict=False,
-)
 def test_bugs_only_a_constructed_pair_shows_are_caught_there() -> None:
     for cls, where in (
         (SinksWrongOnSplitKV, "feature"),
         (Int32OffsetsInCachedContext, "large pool"),
     ):
         clean = run_suite(cls(), "x", run_seed=5, database=None, shrink=False,
-                          passes=["groups"])  # fmt: skip
+                          passes=["short"])  # fmt: skip
         assert clean.passed, cls
         caught = run_suite(cls(), "x", run_seed=5, database=None, shrink=False, passes=[where])
         assert not caught.passed, cls

@@ -51,10 +51,6 @@ def _workload(source: str) -> Workload:
     return names["workload"]
 
 
-@pytest.mark.xfail(
-    reason="known failure after the round's merges (issues 20, 22, 23 left open; see the closing note): the docs' replayed workload differs from the report's since the speculative scheduler rules",  # noqa: E501
-    strict=False,
-)
 def test_the_replay_shown_as_python_is_the_reports_replay() -> None:
     report = find_blocks(PAGE.read_text(), PAGE.name)[1].body
     doctest = re.search(r"```pycon\n(.*?)```", _section("A worked example"), re.DOTALL)

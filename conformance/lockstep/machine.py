@@ -70,6 +70,7 @@ from conformance.lockstep.spec_side import SpecSide
 from conformance.lockstep.variants import label
 from conformance.lockstep.workload import WorkloadConfig
 from spec.backend import Backend
+from spec.block_manager import cdiv
 
 VOCAB = 64
 _SEED = st.integers(0, 2**16)
@@ -264,6 +265,42 @@ class LockstepMachine(RuleBasedStateMachine):
                 (s, [(token + 3) % VOCAB]) for s, rest in sorted(self.pending.items()) if not rest
             ]
             self._run([chunk_after_hit, *done[:1]])  # with a decode: cached context, mixed
+        self._draft_across_a_block(seed + 3, token)
+
+    def _draft_across_a_block(self, seed: int, token: int) -> None:
+        """A prompt past every layer's window that ends one slot before a block boundary; a
+        speculative step whose drafts cross into a block that does not follow the last one in
+        the pool (a new prompt's block comes between; the window edge inside the row); one draft accepted and two rejected; a decode that overwrites one rejected slot
+        and must not see the other; then a fork whose parent and child both write the shared
+        partial block (copy-on-write)."""
+        k = min(3, self.plan.max_draft)
+        if not k:
+            return
+        self._make_room(3)
+        b = self.block_size
+        window = max((self.ls.config.variant(x).window or 0 for x in self._layers()), default=0)
+        length = self._fit_length(cdiv(window + 2, b) * b - 1)
+        seq_id = self.next_id
+        self._start(_tokens(seed, length))
+        while self.pending.get(seq_id):
+            if not self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])]):
+                return  # the pool ran out
+        self._count("speculative step across a block boundary (constructed)")
+        spacer = self.next_id  # its block comes first: the drafts' block is not the next one
+        self._start(_tokens(seed + 2, 1))
+        row = (seq_id, _tokens(seed + 1, 1 + k))
+        self._run([(spacer, self.pending[spacer]), row], drafts={seq_id: k})
+        if not self.ls.manager.num_drafts(seq_id):
+            return  # left out: past max_context_len
+        self.ls.verify(seq_id, max(0, k - 2))
+        self._run([(seq_id, [token])])  # reads the verified tokens only
+        if self.plan.copy_on_write and seq_id in self._forkable():
+            child = self._fork(seq_id)
+            self._count("fork (both write the shared partial block, constructed)")
+            self._run([(child, [(token + 1) % VOCAB]), (seq_id, [(token + 2) % VOCAB])])
+
+    def _layers(self) -> range:
+        return range(self.ls.config.geometry.num_layers)
 
     def _start_wide(self, data: st.DataObject) -> None:
         """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
@@ -287,14 +324,17 @@ class LockstepMachine(RuleBasedStateMachine):
         self._run(decodes + [(s, self.pending[s]) for s in joiners])
 
     def _start_groups(self, data: st.DataObject) -> None:
-        """A prompt past the window, prefilled in chunks (or whole), two decodes, then a fork
-        of it and a decode of both (the window has released blocks by then)."""
+        """A prompt past the window and past a split-KV context, prefilled in chunks (or
+        whole), two decodes (the full-attention group's on the split-KV path), then a fork of
+        it and a decode of both (the window has released blocks by then)."""
         b = self.block_size
         window = max((w for w in self.ls.config.group_windows if w is not None), default=b)
         seq_id = self.next_id
-        self._start(_tokens(data.draw(_SEED, label="seed"), self._fit_length(window + b + 1)))
-        chunk = self._chunk_limit(data.draw(st.sampled_from((b, None)), label="chunk"))
-        self._count("add (a prompt of a window and a block more)")
+        length = self._fit_length(max(window, split_keys(self.plan.envelope.device)) + b + 1)
+        self._start(_tokens(data.draw(_SEED, label="seed"), length))
+        chunk = data.draw(st.sampled_from((b, None)), label="chunk")
+        chunk = self._chunk_limit(None if chunk is None else max(chunk, cdiv(length, 4)))
+        self._count("add (a prompt past the window and a split-KV context)")
         while self.pending.get(seq_id):
             if not self._run([(seq_id, self.pending[seq_id][:chunk])]):
                 break  # the pool ran out: the sequence stays pending for later steps

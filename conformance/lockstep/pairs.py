@@ -138,9 +138,4 @@ def _path_reason(caps: Capabilities, path: str, split: int) -> str | None:
 def _feature_reason(caps: Capabilities, feature: str, path: str) -> str | None:
     if CACHED in feature and not caps.chunked_prefill:
         return "chunked_prefill is False: a chunk after cached context is not attended"
-    if feature == GROUPS and path == PATHS[1]:
-        return (
-            "the groups pass's shared pool holds a short example's blocks per group, fewer "
-            "tokens than a split-KV context"
-        )
     return None

@@ -262,17 +262,22 @@ OPENS_WITH_PAIRS = ("feature", "large pool")
 
 def _pool_blocks(plan: Plan, block_size: int) -> int:
     """The pool of one example: small for short ones, room for every sequence of wide ones,
-    and for a split-KV context twice over in the passes that open with one."""
+    and for a split-KV context twice over in the passes that open with one (per group in
+    the groups pass)."""
     if plan.kind in OPENS_WITH_PAIRS:
-        return cdiv(2 * split_keys(plan.envelope.device), block_size) + 8
+        return _split_blocks(plan, block_size)
     if plan.long_context:
         return cdiv(plan.envelope.long_pool_tokens, block_size)
     if plan.wide:
         per_seq = cdiv(2 * block_size + 1 + _WIDE_TOKENS, block_size) + 1
         return plan.max_live * per_seq
-    if plan.kind == "groups":  # the groups share one pool: each gets a short example's
-        return GROUPS * pool_blocks(block_size)
+    if plan.kind == "groups":  # the groups share one pool: each gets a split-KV context's
+        return GROUPS * max(pool_blocks(block_size), _split_blocks(plan, block_size))
     return pool_blocks(block_size)
+
+
+def _split_blocks(plan: Plan, block_size: int) -> int:
+    return cdiv(2 * split_keys(plan.envelope.device), block_size) + 8
 
 
 def _large_pool_dtypes(dtypes: tuple[str, ...]) -> tuple[str, ...]:
