@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conformance.judges.hypotheses import HYPOTHESES, Case, Mistake, attend_with, diagnose
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
-from conformance.planted.backends import WrongGqaMapping
+from conformance.planted.backends import ReadsPastSeqLen, WrongGqaMapping
 from conformance.planted.variants import CausalOffByOne
 from conformance.reports.report import text_report
 from conformance.run.runner import run_suite
@@ -21,6 +21,7 @@ from spec.attention import PLAIN, AttentionVariant, attend
     [
         (WrongGqaMapping, "matches attention with KV head h % H_kv: the GQA head mapping"),
         (CausalOffByOne, "also sees key p + 1: the causal mask off by one"),
+        (ReadsPastSeqLen, "stale KV of the block's previous owner read as keys"),
     ],
 )
 def test_report_names_the_planted_mistake_in_its_first_five_lines(
@@ -35,11 +36,14 @@ def test_report_names_the_planted_mistake_in_its_first_five_lines(
 
 
 def _case(seed: int, heads: int, kv_heads: int, n: int, variant: AttentionVariant) -> Case:
+    """``n`` queries over their own ``n`` keys, and two stale slots after them in the block."""
     rng = np.random.default_rng(seed)
-    k = rng.standard_normal((n, kv_heads, 8))
-    v = rng.standard_normal((n, kv_heads, 8))
+    k = rng.standard_normal((n + 2, kv_heads, 8))
+    v = rng.standard_normal((n + 2, kv_heads, 8))
     q = rng.standard_normal((n, heads, 8))
-    return Case(q, [(k, v, np.arange(n), 0)], 0.7, variant, (1.0, 1.0))
+    pos = np.arange(n)
+    whole = [(k, v, pos, 0)]
+    return Case(q, [(k[:n], v[:n], pos, 0)], 0.7, variant, (1.0, 1.0), whole=whole)
 
 
 @settings(max_examples=25, deadline=None)

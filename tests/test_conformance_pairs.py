@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.lockstep.pairs import PATHS, planned_pairs
 from conformance.planted.backends import Int32OffsetsInCachedContext, SinksWrongOnSplitKV

@@ -14,8 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from conformance.scheduler.workloads import Workload
 from docs_tools.outputs import find_blocks
 from spec.request import Request

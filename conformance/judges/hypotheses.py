@@ -58,6 +58,7 @@ class Mistake:
     alibi_from_zero: bool = False  # the bias is slope * k, not slope * (k - p)
     row_shift: int = 0  # sequence i reads the block-table row i + row_shift
     kv_scales_swapped: bool = False
+    past_length: bool = False  # the last block read whole: its slots past seq_len taken as keys
 
 
 HYPOTHESES: tuple[tuple[str, Mistake], ...] = (
@@ -103,6 +104,11 @@ HYPOTHESES: tuple[tuple[str, Mistake], ...] = (
         Mistake(row_shift=-1),
     ),
     ("attention with the K and V fp8 scales swapped", Mistake(kv_scales_swapped=True)),
+    (
+        "attention over the whole last block, its slots past seq_len included: stale KV of "
+        "the block's previous owner read as keys",
+        Mistake(past_length=True),
+    ),
 )
 """Each named mistake, as the report names it."""
 
@@ -113,9 +119,10 @@ class Case:
 
     ``keys``: per sequence, its K and V (dequantized), query positions and first
     key position; ``scale``, ``variant`` and the layer's ``(k_scale, v_scale)``
-    (``(1, 1)`` unquantized). ``others``: for a shifted table row, each
-    sequence's keys read through its neighbours' rows (``None`` where the row
-    cannot hold the sequence).
+    (``(1, 1)`` unquantized). ``wider``: each sequence's keys from one position
+    earlier; ``whole``: to the end of its last block; ``shifted``: for a shifted
+    table row, each sequence's keys read through its neighbours' rows (``None``
+    where the row cannot hold the sequence).
     """
 
     query: F64
@@ -124,6 +131,7 @@ class Case:
     variant: AttentionVariant
     kv_scales: tuple[float, float]
     wider: Sequence[_Keys | None] = ()  # each sequence's keys from one position earlier
+    whole: Sequence[_Keys | None] = ()  # each sequence's keys to the end of its last block
     shifted: dict[int, Sequence[_Keys | None]] | None = None  # row shift -> keys through it
 
 
@@ -139,8 +147,9 @@ def case_for(
     """The :class:`Case` of one attention call, read from the spec's memory."""
     scales = memory.kv_scales[layer] if memory.kv_dtype is not None else (1.0, 1.0)
     tables = batch.tables(group)
-    keys, wider = [], []
+    keys, wider, whole = [], [], []
     shifted: dict[int, list[_Keys | None]] = {1: [], -1: []}
+    b = memory.shape[1]
     for i in range(batch.num_seqs):
         start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
         positions = np.asarray(batch.positions[start:end], dtype=np.int64)
@@ -148,11 +157,12 @@ def case_for(
         n = batch.seq_lens[i]
         keys.append((*memory.gather(layer, tables[i], n, start=first), positions, first))
         wider.append(_try_gather(memory, layer, tables[i], n, max(0, first - 1), positions))
+        whole.append(_try_gather(memory, layer, tables[i], -(-n // b) * b, first, positions))
         for shift in (1, -1):
             j = (i + shift) % batch.num_seqs
             got = _try_gather(memory, layer, tables[j], n, first, positions)
             shifted[shift].append(got if j != i else None)
-    return Case(query, keys, scale, variant, scales, wider, dict(shifted))
+    return Case(query, keys, scale, variant, scales, wider, whole, dict(shifted))
 
 
 def _try_gather(
@@ -195,6 +205,10 @@ def attend_with(case: Case, mistake: Mistake) -> F64 | None:
         keys = case.shifted[mistake.row_shift]
     elif mistake.window > 0:
         keys = case.wider
+    elif mistake.past_length:
+        keys = case.whole
+    if len(keys) != len(case.keys):
+        return None  # a case built without these keys (``wider``, ``whole``): not tried
     out = np.zeros(case.query.shape)
     row = 0
     for got in keys:
@@ -227,6 +241,8 @@ def _attend(
     }[m.scale]
     key_pos = first + np.arange(k.shape[0])
     visible = key_pos[None, :] <= positions[:, None] + m.causal
+    if m.past_length:  # keys past the sequence's last position, seen by every query
+        visible |= key_pos[None, :] > positions[-1]
     if variant.window is not None:
         w = variant.window + m.window
         visible &= key_pos[None, :] > positions[:, None] - w

@@ -268,10 +268,11 @@ class LockstepMachine(RuleBasedStateMachine):
         self._draft_across_a_block(seed + 3, token)
 
     def _draft_across_a_block(self, seed: int, token: int) -> None:
-        """A prompt past every layer's window that ends one slot before a block boundary; a
-        speculative step whose drafts cross into a block that does not follow the last one in
-        the pool (a new prompt's block comes between; the window edge inside the row); one draft accepted and two rejected; a decode that overwrites one rejected slot
-        and must not see the other; then a fork whose parent and child both write the shared
+        """A prompt past every layer's window, ending a slot before a block boundary; a
+        speculative step whose drafts cross into a block that does not follow its last one
+        in the pool (a new prompt's block comes between; the window edge inside the row);
+        one draft accepted, two rejected; a decode that overwrites one rejected slot and
+        must not see the other; then a fork whose parent and child both write the shared
         partial block (copy-on-write)."""
         k = min(3, self.plan.max_draft)
         if not k:
@@ -441,7 +442,7 @@ class LockstepMachine(RuleBasedStateMachine):
         k=st.integers(0, MAX_DRAFT),
         accepted=st.integers(0, MAX_DRAFT),
         seed=_SEED,
-        then=st.integers(0, 3),
+        then=st.integers(0, 4),
         batched=st.booleans(),
     )
     def speculate(
@@ -453,7 +454,10 @@ class LockstepMachine(RuleBasedStateMachine):
         block full of drafts), or across its boundary when it ends there.
         ``then``: 0 verifies; 1 verifies, then the sequence decodes (it must not
         see the rejected K/V); 2 rolls every draft back; 3 verifies, then a new
-        prompt repeats the drafted tokens (no prefix hit may serve a draft).
+        prompt repeats the drafted tokens (no prefix hit may serve a draft); 4
+        preempts it by recomputation with its drafts in flight (freed, then its
+        verified tokens sent again as a prompt: a prefix hit may serve only
+        blocks of verified tokens).
         """
         seqs = self._forkable()
         seq_id = seqs[which % len(seqs)]
@@ -470,6 +474,13 @@ class LockstepMachine(RuleBasedStateMachine):
         if then == 2:
             self.ls.rollback(seq_id)
             self._count("speculative step, all of its drafts rolled back")
+            return
+        if then == 4:
+            self._free(seq_id)
+            self._count("preempted by recomputation with its drafts in flight")
+            self._start(self._fit_prompt(drafted[: len(drafted) - k]))
+            again = self.next_id - 1
+            self._run([(again, self.pending[again][: self._chunk_limit(None)])])
             return
         a = min(accepted, k)
         self.ls.verify(seq_id, a)
