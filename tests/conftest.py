@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -28,3 +29,10 @@ settings.register_profile(
     "thorough", max_examples=1000, deadline=None, suppress_health_check=_SLOW_OK
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``heavy`` (minutes each) run first, so that parallel workers
+    (``pytest -n``) share them out early and finish together, instead of one worker
+    starting a long test when the others are nearly done."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)

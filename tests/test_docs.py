@@ -32,23 +32,9 @@ def test_there_are_pages() -> None:
     assert (DOCS / "index.md") in PAGES and len(PAGES) >= 9, PAGES
 
 
-KNOWN_STALE = {"conformance.md", "bounds-checking.md:85", "speculative-decoding.md:105"}
-"""Pages and blocks that failed in the merged full run of this round, left open in the closing
-note: the draws shifted under the round's new rules (and the speculative demo's timing)."""
-
-
-def _known_stale(request: pytest.FixtureRequest, key: str) -> None:
-    if key in KNOWN_STALE:
-        reason = f"known failure after the round's merges: {key} (see the closing note)"
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
-
-
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_page_examples(
-    page: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> None:
+def test_page_examples(page: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the page's ``>>>`` examples from the repository root (pages may read ``docs/assets``)."""
-    _known_stale(request, page.name)
     monkeypatch.chdir(ROOT)
     result = doctest.testfile(
         str(page),
@@ -65,11 +51,8 @@ OUTPUTS = [(page, block) for page in PAGES for block in find_blocks(page.read_te
 
 
 @pytest.mark.parametrize(("page", "block"), OUTPUTS, ids=[f"{p.name}:{b.line}" for p, b in OUTPUTS])
-def test_command_output_is_current(
-    page: Path, block: Block, request: pytest.FixtureRequest
-) -> None:
+def test_command_output_is_current(page: Path, block: Block) -> None:
     """The console block is what its command prints today (``vary`` parts masked)."""
-    _known_stale(request, f"{page.name}:{block.line}")
     diff = stale(block, render(block, run_command(block)))
     assert diff is None, (
         f"{page.name}:{block.line}: `{block.command}` prints otherwise; regenerate with "
