@@ -31,7 +31,7 @@ import json
 import os
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from conformance.errors import SetupError
@@ -119,3 +119,18 @@ def _nearest_existing(folder: Path) -> Path:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     return folder
+
+
+def junit_suite(
+    name: str, counts: Mapping[str, int], time_s: float, properties: Iterable[tuple[str, str]]
+) -> ET.Element:
+    """A JUnit ``testsuite`` element: its counts (``tests``, ``failures``, ``errors``,
+    ``skipped``), its time, and a ``properties`` element of ``(name, value)`` pairs."""
+    suite = ET.Element("testsuite", name=name)
+    for key, count in counts.items():
+        suite.set(key, str(count))
+    suite.set("time", f"{time_s:.3f}")
+    props = ET.SubElement(suite, "properties")
+    for key, value in properties:
+        ET.SubElement(props, "property", name=key, value=value)
+    return suite

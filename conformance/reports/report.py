@@ -23,7 +23,7 @@ from conformance.bounds.checker import CONTRACT
 from conformance.interpreter.limits import limit_in
 from conformance.reports import replay
 from conformance.reports.failures import failure_lines
-from conformance.reports.files import write_atomic
+from conformance.reports.files import junit_suite, write_atomic
 from conformance.reports.replay import portable_ref
 from conformance.run.failures import distinct
 from conformance.run.runner import PROFILES, RunResult
@@ -318,17 +318,13 @@ def write_json(result: RunResult, path: Path) -> None:
 def write_junit(result: RunResult, path: Path) -> None:
     """One test case for the lockstep run (and one per further distinct failing pass), and one
     skipped case per skipped capability."""
-    suite = ET.Element(
-        "testsuite",
-        name="conformance",
-        tests=str(max(1, len(distinct(result.failures))) + len(_skips(result))),
-        failures=str(max(len(distinct(result.failures)), int(result.difference is not None))),
-        errors=str(int(result.interrupted)),
-        skipped=str(len(_skips(result))),
-        time=f"{result.wall_time_s:.3f}",
-    )
-    props = ET.SubElement(suite, "properties")
-    for name, value in (
+    counts = {
+        "tests": max(1, len(distinct(result.failures))) + len(_skips(result)),
+        "failures": max(len(distinct(result.failures)), int(result.difference is not None)),
+        "errors": int(result.interrupted),
+        "skipped": len(_skips(result)),
+    }
+    properties = (
         ("backend", result.backend),
         ("profile", result.profile),
         ("seed", str(result.seed)),
@@ -336,8 +332,8 @@ def write_junit(result: RunResult, path: Path) -> None:
         ("verdict", verdict(result)),
         ("complete", str(result.complete).lower()),
         *(("bounds", line) for line in ([] if result.bounds is None else result.bounds.lines())),
-    ):
-        ET.SubElement(props, "property", name=name, value=value)
+    )
+    suite = junit_suite("conformance", counts, result.wall_time_s, properties)
     classname = f"conformance.{result.backend}"
     case = ET.SubElement(
         suite, "testcase", classname=classname, name="lockstep", time=f"{result.wall_time_s:.3f}"

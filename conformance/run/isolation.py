@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from conformance.errors import SetupError
 from conformance.judges.compare import Difference
@@ -54,6 +54,9 @@ from spec.capabilities import Capabilities
 
 _POLL_S = 0.1
 _BATCH_S = 0.01
+ResultT = TypeVar("ResultT")
+StatsT = TypeVar("StatsT")
+
 _TAIL_LINES = 400
 """Lines of the child's output kept, to find the crash message and stack in."""
 _SHOWN_BEFORE, _SHOWN_STACK = 5, 10
@@ -105,7 +108,7 @@ class Stop:
     layer: int | None = None
 
 
-class ChildProcess:
+class ChildProcess(Generic[ResultT, StatsT]):
     """One child process (``python -m MODULE``) and what the parent knows of it so far.
 
     The child reads its request (``message``, JSON) from :data:`REQUEST_VAR`
@@ -124,7 +127,12 @@ class ChildProcess:
         call_timeout_s: float | None,
         progress: Callable[[str], None],
         output: Callable[[str], None],
+        stats: StatsT,
     ) -> None:
+        self.template: ResultT | None = None
+        self.stats = stats
+        self.result: ResultT | None = None
+        self.setup_error: str | None = None
         self.call_timeout_s = call_timeout_s
         self.progress = progress
         self.output = output
@@ -142,7 +150,22 @@ class ChildProcess:
         self._spawn(module, message)
 
     def on_message(self, kind: str, event: dict[str, Any]) -> None:
-        """A message other than ``call``, ``ret`` and ``progress`` (the subclass's to read)."""
+        """A message other than ``call``, ``ret`` and ``progress``: the run's result before
+        any example (``start``), its stats so far, its final result and a setup error are
+        kept; anything else goes to :meth:`on_other`."""
+        if kind == "start":
+            self.template = event["result"]
+        elif kind == "stats":
+            self.stats = event["stats"]
+        elif kind == "result":
+            self.result = event["result"]
+        elif kind == "setup":
+            self.setup_error = event["message"]
+        else:
+            self.on_other(kind, event)
+
+    def on_other(self, kind: str, event: dict[str, Any]) -> None:
+        """A message only this kind of child sends (the subclass's to read)."""
 
     def _spawn(self, module: str, request: dict[str, Any]) -> None:
         events_r, events_w = os.pipe()
@@ -339,29 +362,16 @@ class ChildProcess:
         )
 
 
-class _BackendChild(ChildProcess):
+class _BackendChild(ChildProcess[RunResult, RunStats]):
     """The child of ``python -m conformance run``: :mod:`conformance.run.worker` on a backend."""
 
     def __init__(
         self, request: Request, progress: Callable[[str], None], output: Callable[[str], None]
     ) -> None:
         self.request = request
-        self.template: RunResult | None = None
-        self.stats = RunStats()
-        self.result: RunResult | None = None
-        self.setup_error: str | None = None
         worker = "conformance.run.worker"
-        super().__init__(worker, asdict(request), request.control.call_timeout_s, progress, output)
-
-    def on_message(self, kind: str, event: dict[str, Any]) -> None:
-        if kind == "start":
-            self.template = event["result"]
-        elif kind == "stats":
-            self.stats = event["stats"]
-        elif kind == "result":
-            self.result = event["result"]
-        elif kind == "setup":
-            self.setup_error = event["message"]
+        timeout = request.control.call_timeout_s
+        super().__init__(worker, asdict(request), timeout, progress, output, RunStats())
 
     def outcome(self) -> RunResult:
         """The child's result, or one built from what it sent before it hung or crashed."""

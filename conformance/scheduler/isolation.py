@@ -59,7 +59,7 @@ def run_scheduler_isolated(
     return child.outcome()
 
 
-class _SchedulerChild(ChildProcess):
+class _SchedulerChild(ChildProcess[SchedulerRunResult, SuiteStats]):
     party = "scheduler"
 
     def __init__(
@@ -69,26 +69,15 @@ class _SchedulerChild(ChildProcess):
         output: Callable[[str], None],
     ) -> None:
         self.request = request
-        self.template: SchedulerRunResult | None = None
-        self.stats = SuiteStats()
         self.current: Workload | None = None
-        self.result: SchedulerRunResult | None = None
-        self.setup_error: str | None = None
         worker = "conformance.scheduler.worker"
-        super().__init__(worker, asdict(request), request.call_timeout_s, progress, output)
+        timeout = request.call_timeout_s
+        super().__init__(worker, asdict(request), timeout, progress, output, SuiteStats())
 
-    def on_message(self, kind: str, event: dict[str, Any]) -> None:
-        if kind == "start":
-            self.template = event["result"]
-        elif kind == "stats":
-            self.stats = event["stats"]
-        elif kind == "workload":
+    def on_other(self, kind: str, event: dict[str, Any]) -> None:
+        if kind == "workload":
             self.current = event["workload"]
             self.examples_started += 1
-        elif kind == "result":
-            self.result = event["result"]
-        elif kind == "setup":
-            self.setup_error = event["message"]
 
     def outcome(self) -> SchedulerRunResult:
         """The child's result, or one built from what it sent before it hung or crashed."""

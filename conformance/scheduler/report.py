@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from conformance.reports.files import write_atomic
+from conformance.reports.files import junit_suite, write_atomic
 from conformance.reports.replay import portable_ref
 from conformance.reports.report import INTERRUPTED
 from conformance.scheduler.engine import EQUIVALENCE
@@ -229,24 +229,20 @@ def write_json(result: SchedulerRunResult, path: Path) -> None:
 def write_junit(result: SchedulerRunResult, path: Path) -> None:
     """Two test cases: the invariants, and token-exact equivalence (skipped where unsupported)."""
     failure = result.failure
-    suite = ET.Element(
-        "testsuite",
-        name="conformance-scheduler",
-        tests="2",
-        failures=str(int(failure is not None)),
-        errors=str(int(result.interrupted)),
-        skipped=str(len(result.skipped)),
-        time=f"{result.wall_time_s:.3f}",
-    )
-    props = ET.SubElement(suite, "properties")
-    for name, value in (
+    counts = {
+        "tests": 2,
+        "failures": int(failure is not None),
+        "errors": int(result.interrupted),
+        "skipped": len(result.skipped),
+    }
+    properties = (
         ("scheduler", result.scheduler),
         ("profile", result.profile),
         ("seed", str(result.seed)),
         ("verdict", verdict(result)),
         ("complete", str(result.complete).lower()),
-    ):
-        ET.SubElement(props, "property", name=name, value=value)
+    )
+    suite = junit_suite("conformance-scheduler", counts, result.wall_time_s, properties)
     classname = f"conformance.scheduler.{result.scheduler}"
     for name in ("invariants", EQUIVALENCE):
         case = ET.SubElement(suite, "testcase", classname=classname, name=name)
