@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# pytest workers: one per CPU, at least 2, at most 4 (each may hold a GiB or two)
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(2, min(4, len(os.sched_getaffinity(0)))))")
 
 .PHONY: venv test lint typecheck pytest conformance docs clean
 
@@ -24,7 +26,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS)
 
 test: lint typecheck pytest
 

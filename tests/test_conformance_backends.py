@@ -15,6 +15,7 @@ from conformance.run.runner import run_suite
 SHORT_RUNS = {"reference": 40, "torch": 20, "triton": 8}
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", sorted(SHORT_RUNS))
 def test_builtin_backend_conforms(name: str) -> None:
     backend = load_backend(name)  # torch and triton are imported only here

@@ -62,6 +62,7 @@ def _short_run(backend: Backend, ref: str, mode: str | None, passes: tuple[str, 
 # -- planted kernels, through the CLI -------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_a_read_past_the_table_fails_an_isolated_run_as_bounds_in_every_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -88,6 +89,7 @@ def test_a_read_past_the_table_fails_an_isolated_run_as_bounds_in_every_report(
     assert str(props["bounds"]).startswith("bounds check (default): ")
 
 
+@pytest.mark.heavy
 def test_a_read_one_past_a_row_fails_strict_mode(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["run", "--backend", PAST_ROW, "--check-bounds", "strict", *SMALL, "--in-process"]
     assert main([*argv, "--no-shrink"]) == 1
@@ -95,6 +97,7 @@ def test_a_read_one_past_a_row_fails_strict_mode(capsys: pytest.CaptureFixture[s
     assert "block-table padding in table_ptr" in out and "bounds check (strict)" in out
 
 
+@pytest.mark.heavy
 def test_default_mode_allows_reading_padding_and_the_unchecked_suite_passes_both() -> None:
     """The contract allows a padding read; outputs are right, so only the check sees either bug."""
     padding = _short_run(ReadsOnePastARow(), PAST_ROW, "default", ("short",))

@@ -51,6 +51,7 @@ def test_no_shrink_reports_the_workload_as_found(capsys: pytest.CaptureFixture[s
     assert "examples in all" in out  # no shrinking examples
 
 
+@pytest.mark.heavy
 def test_shrink_time_bounds_shrinking_and_keeps_the_smallest_failure() -> None:
     timed = run_suite(
         CopiesKeyOnly(), BROKEN, run_seed=7, database=None, control=RunControl(shrink_time_s=0.2)

@@ -344,6 +344,7 @@ def test_the_quick_profile_catches_a_bug_past_64_keys() -> None:
     assert result.difference.token is not None and result.difference.token >= 64
 
 
+@pytest.mark.heavy
 def test_long_context_workloads_pass_1024_tokens() -> None:
     """The quick profile of the reference reaches past the 256/512/1024-key switch points."""
     result = run_suite(ReferenceBackend(), "reference", run_seed=1, database=None)

@@ -54,6 +54,7 @@ def test_every_planted_bug_has_a_seed_and_a_row_in_the_docs() -> None:
         assert make.__doc__, f"{make} must say what it breaks"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("label", list(PLANTED))
 def test_a_planted_bug_fails_with_a_shrunk_replay_that_fails_too(
     label: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.backends import PLANTED
 from conformance.planted.hidden import PLANTED_HIDDEN
@@ -14,6 +16,7 @@ from conformance.planted.kernels import PLANTED_BOUNDS
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.heavy
 def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "conformance", "selftest"],

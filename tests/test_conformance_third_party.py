@@ -30,6 +30,7 @@ class TestMyBackendBySubclassing(BackendConformance):
         return load_backend(str(EXAMPLE) + ":make_backend")
 
 
+@pytest.mark.heavy
 def test_way_1_cli_with_a_file_factory(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -179,6 +179,7 @@ def test_write_outputs_without_plots(small: dict[str, Any], tmp_path: Path) -> N
     assert write_outputs(small, tmp_path, plots=False) == [tmp_path / "results.json"]
 
 
+@pytest.mark.heavy
 def test_docs_figures_come_from_this_code() -> None:
     """The committed results behind docs/simulator.md are what the code computes today.
 
