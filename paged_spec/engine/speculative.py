@@ -33,11 +33,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from paged_spec.engine.loop import Engine
 from paged_spec.engine.tiny_model import F64, TinyModel, sample
-from spec.attention import attend
 from spec.backend import Backend
 from spec.request import SeqStatus
 from spec.request import Sequence as Sequence_
@@ -78,21 +75,12 @@ class LayerSkipDrafter:
     def __call__(self, seq: Sequence_, k: int) -> list[int]:
         tokens, out = list(seq.tokens), []
         for j in range(k):
-            logits = self.model.logits(self._hidden(tokens)[-1:])[0]
+            hidden, _ = self.model.extend([], tokens, num_layers=self.num_layers)
+            logits = self.model.logits(hidden[-1:])[0]
             token = sample(logits, seq.request, seq.sample_index, seq.num_generated + j)
             out.append(token)
             tokens.append(token)
         return out
-
-    def _hidden(self, token_ids: list[int]) -> F64:
-        """The first layers of the model over the whole sequence (causal, no paging)."""
-        m, n = self.model, len(token_ids)
-        positions = np.arange(n)
-        x = m._input(token_ids, positions)
-        for layer in range(self.num_layers):
-            q, k, v = m._qkv(layer, x)
-            x = m._residual(layer, x, attend(q, k, v, positions, m.scale))
-        return x
 
 
 class SpeculativeEngine(Engine):

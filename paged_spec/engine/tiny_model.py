@@ -154,16 +154,21 @@ class TinyModel:
             x = self._residual(layer, x, attn)
         return x
 
-    def extend(self, cache: KVCache, tokens: Sequence[int]) -> tuple[F64, KVCache]:
+    def extend(
+        self, cache: KVCache, tokens: Sequence[int], num_layers: int | None = None
+    ) -> tuple[F64, KVCache]:
         """Run ``tokens`` after the contiguous ``cache`` (per layer K, V); new hidden and cache.
 
-        ``extend([], tokens)`` runs a whole sequence from its first token.
+        ``extend([], tokens)`` runs a whole sequence from its first token;
+        ``num_layers`` runs only the first layers (a layer-skip draft model).
         """
         start = cache[0][0].shape[0] if cache else 0
         positions = np.arange(start, start + len(tokens))
         x = self._input(tokens, positions)
         grown = []
-        for layer in range(self.config.num_layers):
+        depth = self.config.num_layers if num_layers is None else num_layers
+        assert 0 < depth <= self.config.num_layers, f"num_layers {depth} of a model of fewer"
+        for layer in range(depth):
             q, k, v = self._qkv(layer, x)
             if cache:
                 k = np.concatenate([cache[layer][0], k])
