@@ -51,8 +51,9 @@ def _stale(tmp_path: Path) -> tuple[Path, Path]:
     return report, junit
 
 
-def _start_hanging(tmp_path: Path, command: str) -> tuple[subprocess.Popen[str], int]:
-    """The CLI on a hanging backend or scheduler, once it hangs mid-run: process, hung pid."""
+def _start_hanging(tmp_path: Path, command: str) -> tuple[subprocess.Popen[str], list[int]]:
+    """The CLI on a hanging backend or scheduler, once it hangs mid-run: the process, and the
+    hung child's pid (with the pid of a helper process it started, for a backend)."""
     argv, marker_var = HANGING[command]
     marker = tmp_path / "pids"
     env = {**os.environ, marker_var: str(marker), "PYTHONPATH": str(ROOT)}
@@ -64,7 +65,7 @@ def _start_hanging(tmp_path: Path, command: str) -> tuple[subprocess.Popen[str],
     while not marker.exists() or not marker.read_text():
         assert time.monotonic() < deadline and proc.poll() is None, "the run never hung"
         time.sleep(0.05)
-    return proc, int(marker.read_text().split()[0])
+    return proc, [int(pid) for pid in marker.read_text().split()]
 
 
 def _gone(pid: int, within_s: float = 5.0) -> bool:
@@ -86,7 +87,7 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_replaces_a_stale_pass(
     command: str, signum: int, tmp_path: Path
 ) -> None:
     report, junit = _stale(tmp_path)
-    proc, hung = _start_hanging(tmp_path, command)
+    proc, (hung, *_) = _start_hanging(tmp_path, command)
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
@@ -102,7 +103,7 @@ def test_a_run_killed_outright_leaves_incomplete_reports_not_a_stale_pass(
     command: str, tmp_path: Path
 ) -> None:
     report, junit = _stale(tmp_path)
-    proc, hung = _start_hanging(tmp_path, command)
+    proc, pids = _start_hanging(tmp_path, command)
     proc.kill()  # SIGKILL: no handler runs, no report is written after this
     proc.communicate(timeout=60)
     data = json.loads(report.read_text())
@@ -110,7 +111,8 @@ def test_a_run_killed_outright_leaves_incomplete_reports_not_a_stale_pass(
     assert data["verdict"] == INCOMPLETE
     root = ET.parse(junit).getroot()
     assert root.get("errors") == "1" and root.find("testcase/error") is not None
-    assert _gone(hung), "the child outlived its parent"
+    assert _gone(pids[0]), "the child outlived its parent"
+    assert all(_gone(pid) for pid in pids[1:]), "a process the backend started outlived the run"
 
 
 @pytest.mark.parametrize(

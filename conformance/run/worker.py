@@ -7,7 +7,8 @@ pipe the request names; its standard output and error go to the parent, which
 shows them and keeps the last lines for a crash report. ``faulthandler``
 prints the Python stack on a fatal signal, and on SIGUSR1 (the parent's
 request before it kills a hung child). The child dies with its parent (Linux:
-``PR_SET_PDEATHSIG``); processes the backend started are the parent's to kill.
+``PR_SET_PDEATHSIG``); processes the backend started are the parent's to kill,
+or, when the parent itself is killed outright, a guard's (:func:`_guard_the_group`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def start() -> tuple[dict[str, Any], Channel]:
     or SIGUSR1, and the pipe to the parent (with a first ``hello``)."""
     request: dict[str, Any] = json.loads(os.environ[REQUEST_VAR])
     _die_with_parent(request["parent"])
+    _guard_the_group()
     sys.path[:0] = [p for p in request["path"] if p not in sys.path]
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -111,13 +113,47 @@ def _run(request: dict[str, Any], channel: Channel) -> None:
 
 def _die_with_parent(parent: int) -> None:
     """Ask Linux to kill this process when the parent dies; exit now if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: a write to a closed pipe still ends us
-        pass
+    _on_parent_death(signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(3)
+
+
+def _on_parent_death(signum: int) -> None:
+    """Ask Linux to send ``signum`` to this process when its parent dies (no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signum)
+    except (OSError, AttributeError):  # not Linux: a write to a closed pipe still ends us
+        pass
+
+
+def _guard_the_group() -> None:
+    """Fork a guard that kills this child's whole process group when the child dies.
+
+    The parent kills the group when the run ends, so whatever the backend
+    started dies with it; but a parent killed outright (SIGKILL) kills
+    nothing, and the child dies alone (``PR_SET_PDEATHSIG``). The guard, in
+    the same group, is told of the child's death the same way and kills the
+    group, helpers of a hung backend included. It holds none of the child's
+    pipes, so the parent still sees them close.
+    """
+    child = os.getpid()
+    if os.fork() != 0:
+        return
+    try:
+        os.closerange(3, 1 << 16)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _on_parent_death(signal.SIGTERM)
+        if os.getppid() != child:  # the child died before the request took hold
+            os.killpg(0, signal.SIGKILL)
+        while True:
+            signal.pause()
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":
