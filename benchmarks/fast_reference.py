@@ -138,9 +138,12 @@ def main(argv: list[str] | None = None) -> None:
         help="queries of the 32,768-token prompt's last chunk to time (8192: the whole chunk)",
     )
     parser.add_argument("--skip-numpy", action="store_true", help="the fast reference only")
+    parser.add_argument(
+        "--prompt-only", action="store_true", help="only the 32,768-token prompt's chunk"
+    )
     args = parser.parse_args(argv)
     print(f"{'step':40} {'numpy (spec)':>22} {'fast reference':>22}")
-    for case in CASES:
+    for case in () if args.prompt_only else CASES:
         fast = measure(case, "fast", args.device)
         slow = "(skipped)" if args.skip_numpy else _fmt(*measure(case, "numpy", args.device))
         print(f"{case.name:40} {slow:>22} {_fmt(*fast):>22}")
