@@ -287,3 +287,26 @@ def test_the_suite_installs_it_once_when_interpreting(monkeypatch: pytest.Monkey
     finally:
         for _ in range(depth):
             install()
+
+
+@triton.jit
+def _int32_sum(x_ptr, y_ptr, big):  # type: ignore[no-untyped-def]
+    o = tl.arange(0, 16)
+    tl.store(y_ptr + o, tl.load(x_ptr + o) + big)
+
+
+def test_overflow_checks_are_not_computed_unless_debug_and_values_are_unchanged() -> None:
+    """The checks compiled Triton emits only in debug mode: skipped, the sums the same (wrapped)."""
+    from triton.runtime import interpreter
+
+    x = torch.full((16,), 2**31 - 8, dtype=torch.int32) + torch.arange(16, dtype=torch.int32)
+    plain, honest = torch.zeros_like(x), torch.zeros_like(x)
+    with _plain_interpreter():
+        assert interpreter.interpreter_builder.options.sanitize_overflow
+        _int32_sum[(1,)](x, plain, 4)
+        with honest_interpreter():
+            assert not interpreter.interpreter_builder.options.sanitize_overflow
+            _int32_sum[(1,)](x, honest, 4)
+        assert interpreter.interpreter_builder.options.sanitize_overflow  # restored
+    assert torch.equal(plain, honest)
+    assert honest.tolist() == [((v + 4 + 2**31) % 2**32) - 2**31 for v in x.tolist()]

@@ -17,6 +17,16 @@ What the interpreter gets wrong, and what each patch does instead:
   turns every Python int that fits into int32, so ``pid * stride`` wraps
   where compiled Triton computes in 64 bits. Patched: an int passed to a
   parameter annotated 64-bit becomes a 64-bit scalar.
+- integer overflow checks: compiled Triton emits them only in debug mode,
+  and so does the interpreter's ``device_assert``; but the interpreter
+  computes every check (each integer ``+``, ``-`` and ``*`` redone in 64
+  bits and compared) before discarding it, a quarter of its time on this
+  project's kernels. Patched: not computed unless ``debug`` is on.
+- speed, not values: every call of a ``@triton.jit`` helper inside a kernel
+  patches the language module again (a walk over all its members), though
+  the launch (or an earlier helper) already did, and nothing restores it
+  before the launch ends. Patched: a helper that sees no language module
+  not yet patched in this launch is called directly.
 
 Not corrected, and raised as :class:`~conformance.interpreter.limits.InterpreterLimit`
 instead: conversions to or from the other fp8 formats (``fp8e4b15``,
@@ -28,7 +38,7 @@ bfloat16 in a hardware-chosen tree order when compiled.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -81,7 +91,7 @@ def _from_values(values: Any, dtype: Any, np_dtype: Any, toward_zero: bool) -> A
     return np.asarray(values).astype(np_dtype)
 
 
-def _patches(interp: Any) -> dict[tuple[Any, str], Callable[..., Any]]:
+def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
     """Every replacement, keyed by (owner, attribute); each falls back to the original."""
     builder = interp.InterpreterBuilder
     reduce_ops = interp.ReduceOps
@@ -206,9 +216,31 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Callable[..., Any]]:
                 if isinstance(value, int) and not isinstance(value, bool):
                     bound.arguments[name] = _Wide(value, unsigned)
             args, kwargs = bound.args, dict(bound.kwargs)
-        return orig_call(self, *args, **kwargs)
+        _LAUNCHES.append(_langs(interp, self.fn))
+        try:
+            return orig_call(self, *args, **kwargs)
+        finally:
+            _LAUNCHES.pop()
 
-    out: dict[tuple[Any, str], Callable[..., Any]] = {
+    orig_device_call = interp.InterpretedFunction.__dict__["__call__"]
+
+    def device_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        langs = _langs(interp, self.fn)
+        if not _LAUNCHES or not langs <= _LAUNCHES[-1]:
+            if _LAUNCHES:  # patched now, and left patched until the launch ends
+                _LAUNCHES[-1] = _LAUNCHES[-1] | langs
+            return orig_device_call(self, *args, **kwargs)
+        fn = self.rewrite()  # the language this function sees is patched: not again
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interp.InterpreterError(repr(e)) from e
+
+    options = interp.interpreter_builder.options
+    out: dict[tuple[Any, str], Any] = {
+        (interp.interpreter_builder, "options"): replace(
+            options, sanitize_overflow=options.sanitize_overflow and options.debug
+        ),
         (builder, "cast_impl"): cast_impl,
         (builder, "create_fp_to_fp"): create_fp_to_fp,
         (builder, "binary_op"): binary_op,
@@ -221,8 +253,20 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Callable[..., Any]]:
         (reduce_ops, "min_max"): min_max,
         (interp, "_implicit_cvt"): implicit_cvt,
         (interp.GridExecutor, "__call__"): call,
+        (interp.InterpretedFunction, "__call__"): device_call,
     }
     return out
+
+
+_LAUNCHES: list[frozenset[int]] = []
+"""Per kernel launch in progress, the language modules patched so far (by id): by the launch,
+or by a helper's call (Triton does not restore those before the launch ends)."""
+
+
+def _langs(interp: Any, fn: Any) -> frozenset[int]:
+    """The language modules (``triton.language``, its ``core``) that ``fn``'s globals name."""
+    tl = interp.tl
+    return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
 
 
 class _Wide(int):
