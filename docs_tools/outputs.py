@@ -154,6 +154,7 @@ def run_command(block: Block) -> str:
     """Run the block's command from the repository root; return its standard output."""
     argv, extra = _argv(block.command)
     env = os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "100"} | extra
+    env.pop("PYTEST_ADDOPTS", None)  # a reader's own pytest options would change what it prints
     proc = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
     )
