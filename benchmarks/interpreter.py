@@ -19,9 +19,6 @@ import os
 import time
 from typing import Any
 
-SPEED_UPS = ("options", "__call__")
-"""The shim's patches that change speed, not values (see :mod:`conformance.interpreter.shim`)."""
-
 
 def _without_speed_ups() -> None:
     """Install the shim, then put back the interpreter's own attributes the speed-ups replace."""
@@ -30,10 +27,11 @@ def _without_speed_ups() -> None:
     from conformance.interpreter.shim import SHIM
 
     SHIM.install()  # the suite's own install nests inside this one: it changes nothing
-    for owner in (interp.interpreter_builder, interp.InterpretedFunction):
-        for name in SPEED_UPS:
-            if (owner, name) in SHIM.saved:
-                setattr(owner, name, SHIM.saved[(owner, name)])
+    for owner, name in (
+        (interp.interpreter_builder, "options"),
+        (interp.InterpretedFunction, "__call__"),
+    ):
+        setattr(owner, name, SHIM.saved[(owner, name)])  # the patches that change speed only
 
 
 def _child(pass_name: str, examples: int, seed: int, fast: bool, out: Any) -> None:

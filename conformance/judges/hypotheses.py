@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from conformance.judges.dtypes import F64
 from spec.attention import AttentionVariant
 from spec.batch import BatchMetadata
+from spec.block_manager import cdiv
 from spec.kv_memory import KVMemory
 
 EXPLAINED = 0.1
@@ -157,7 +158,7 @@ def case_for(
         n = batch.seq_lens[i]
         keys.append((*memory.gather(layer, tables[i], n, start=first), positions, first))
         wider.append(_try_gather(memory, layer, tables[i], n, max(0, first - 1), positions))
-        whole.append(_try_gather(memory, layer, tables[i], -(-n // b) * b, first, positions))
+        whole.append(_try_gather(memory, layer, tables[i], cdiv(n, b) * b, first, positions))
         for shift in (1, -1):
             j = (i + shift) % batch.num_seqs
             got = _try_gather(memory, layer, tables[j], n, first, positions)

@@ -279,7 +279,8 @@ class LockstepMachine(RuleBasedStateMachine):
             return
         self._make_room(3)
         b = self.block_size
-        window = max((self.ls.config.variant(x).window or 0 for x in self._layers()), default=0)
+        layers = range(self.ls.config.geometry.num_layers)
+        window = max((self.ls.config.variant(x).window or 0 for x in layers), default=0)
         length = self._fit_length(cdiv(window + 2, b) * b - 1)
         seq_id = self.next_id
         self._start(_tokens(seed, length))
@@ -299,9 +300,6 @@ class LockstepMachine(RuleBasedStateMachine):
             child = self._fork(seq_id)
             self._count("fork (both write the shared partial block, constructed)")
             self._run([(child, [(token + 1) % VOCAB]), (seq_id, [(token + 2) % VOCAB])])
-
-    def _layers(self) -> range:
-        return range(self.ls.config.geometry.num_layers)
 
     def _start_wide(self, data: st.DataObject) -> None:
         """Many prompts prefilled together, then their decodes mixed with new prefill chunks."""
