@@ -7,6 +7,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # pytest workers: one per CPU, at least 2, at most 4 (each may hold a GiB or two)
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(2, min(4, len(os.sched_getaffinity(0)))))")
+# conformance jobs: one per CPU, at most 4 (the examples are shared out as they come)
+JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 
 .PHONY: venv test lint typecheck pytest conformance docs clean
 
@@ -32,7 +34,7 @@ test: lint typecheck pytest
 
 # backend_gpu turns on Triton's interpreter by itself when there is no CUDA device.
 conformance: $(STAMP)
-	$(PY) -m conformance run --backend triton --junit out/conformance.xml
+	$(PY) -m conformance run --backend triton --jobs $(JOBS) --junit out/conformance.xml
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict

@@ -42,6 +42,7 @@ from conformance.run.control import (
 from conformance.run.database import database_location
 from conformance.run.discovery import installed_backends, load_backend
 from conformance.run.isolation import Request, database_arg, run_isolated
+from conformance.run.parallel import MAX_JOBS, run_parallel
 from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
 from conformance.run.shard import parse_shard
 from conformance.run.terminate import sigterm_as_sigint
@@ -61,11 +62,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     prog = prog or program_name()
     parser = _parser(prog)
     args = parser.parse_args(argv)
-    if args.command == "run" and args.shard is not None and args.seed is None:
-        parser.error(
-            "--shard K/N needs --seed, the same on every shard, so that the shards split one "
-            "run's examples (in CI, say: --seed $GITHUB_RUN_ID)"
-        )
+    if args.command == "run":
+        _check_run_args(parser, args)
     try:
         with sigterm_as_sigint():
             return _command(args)
@@ -75,6 +73,22 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
         return INTERRUPTED
+
+
+def _check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (exit 2) the ``run`` options that cannot go together."""
+    if args.shard is not None and args.seed is None:
+        parser.error(
+            "--shard K/N needs --seed, the same on every shard, so that the shards split one "
+            "run's examples (in CI, say: --seed $GITHUB_RUN_ID)"
+        )
+    if args.jobs > MAX_JOBS:
+        parser.error(f"--jobs: at most {MAX_JOBS} processes side by side, got {args.jobs}")
+    if args.jobs > 1 and args.in_process:
+        parser.error(
+            "--jobs runs the backend in several child processes; --in-process runs it "
+            "in this one: drop one of them"
+        )
 
 
 def program_name(argv0: str | None = None) -> str:
@@ -181,6 +195,8 @@ def _lockstep(args: argparse.Namespace, control: RunControl) -> RunResult:
         control=control,
         shard=None if shard is None else shard.describe(),
     )
+    if args.jobs > 1:
+        return run_parallel(request, args.jobs, _progress)
     return run_isolated(request, _progress)
 
 
@@ -359,6 +375,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="K/N",
         help="run shard K of N: every N-th generated example (needs --seed, the same on every "
         "shard); examples saved in the database replay on every shard",
+    )
+    run.add_argument(
+        "--jobs",
+        type=argument_type(at_least(1)),
+        default=1,
+        metavar="N",
+        help="run in N processes side by side, each example in the first to claim it (the "
+        "same verdict as one process, in about 1/N of the time on N free cores); for a "
+        "backend on a CPU, not N processes sharing one GPU",
     )
     saved = run.add_mutually_exclusive_group()
     saved.add_argument(

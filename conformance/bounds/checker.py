@@ -92,6 +92,7 @@ GPU_NOTE = (
     "imported); on a GPU run the suite under compute-sanitizer: "
     "compute-sanitizer --tool memcheck python -m conformance run --backend ..."
 )
+_NO_LAUNCH = "no Triton kernel ran under the interpreter: nothing was checked"
 
 
 @dataclass(frozen=True)
@@ -227,9 +228,7 @@ class BoundsChecker:
         if self._unavailable is not None:
             notes.append(f"nothing was bounds-checked: {self._unavailable}; {GPU_NOTE}")
         elif self.launches == 0:
-            notes.append(
-                f"no Triton kernel ran under the interpreter: nothing was checked; {GPU_NOTE}"
-            )
+            notes.append(f"{_NO_LAUNCH}; {GPU_NOTE}")
         if self.strict and self._table_calls and not self._tables_found:
             notes.append(
                 "strict mode found no block-table argument in any launch (an integer 2-D "
@@ -240,10 +239,7 @@ class BoundsChecker:
 
     def summary(self) -> str:
         """A line for the report: mode, how much was checked, how many violations."""
-        return (
-            f"bounds check ({self.mode}): {self.launches} launches, {self.accesses} element "
-            f"accesses, {len(self.violations)} violations"
-        )
+        return _summary(self.mode, self.launches, self.accesses, len(self.violations))
 
     def report(self) -> BoundsReport:
         """What this checker checked so far, as plain data (it travels between processes)."""
@@ -278,6 +274,29 @@ class BoundsReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def add(self, other: BoundsReport) -> BoundsReport:
+        """This check and ``other``'s (a shard of the same run) as one report.
+
+        >>> a = BoundsReport("strict", 0, 0, 0, "", (_NO_LAUNCH,))
+        >>> a.add(BoundsReport("strict", 2, 40, 1, "", ())).lines()
+        ['bounds check (strict): 2 launches, 40 element accesses, 1 violations']
+        """
+        assert self.mode == other.mode, "shards of different runs"
+        launches = self.launches + other.launches
+        accesses, violations = self.accesses + other.accesses, self.violations + other.violations
+        notes = dict.fromkeys(
+            n for n in (*self.notes, *other.notes) if not (launches and n.startswith(_NO_LAUNCH))
+        )
+        summary = _summary(self.mode, launches, accesses, violations)
+        return BoundsReport(self.mode, launches, accesses, violations, summary, tuple(notes))
+
+
+def _summary(mode: str, launches: int, accesses: int, violations: int) -> str:
+    return (
+        f"bounds check ({mode}): {launches} launches, {accesses} element accesses, "
+        f"{violations} violations"
+    )
 
 
 def unusable() -> str | None:

@@ -125,6 +125,36 @@ class Coverage:
         self.released_entries += entries
         self.released_rows += rows
 
+    def add(self, other: Coverage) -> None:
+        """What ``other`` reached too (a shard of the same run: the same planned pairs).
+
+        >>> a, b = Coverage(), Coverage()
+        >>> a.note_step(num_seqs=3, decodes=2, max_offset=10)
+        >>> b.note_step(num_seqs=5, decodes=5, max_offset=7)
+        >>> a.add(b)
+        >>> a.widest_step, a.widest_decodes, a.widest_mixed, a.max_offset
+        (5, 5, (2, 1), 10)
+        """
+        mine, theirs = self.planned, other.planned
+        assert not mine or not theirs or mine == theirs, "parts of different runs"
+        self.head_dims |= other.head_dims
+        self.block_sizes |= other.block_sizes
+        self.gqa_ratios |= other.gqa_ratios
+        self.kv_heads |= other.kv_heads
+        self.dtypes |= other.dtypes
+        self.group_layouts |= other.group_layouts
+        if other.widest_step > self.widest_step:
+            self.widest_step, self.widest_decodes = other.widest_step, other.widest_decodes
+        self.widest_mixed = max(self.widest_mixed, other.widest_mixed, key=sum)
+        self.max_offset = max(self.max_offset, other.max_offset)
+        self.group_examples += other.group_examples
+        self.released_entries += other.released_entries
+        self.released_rows += other.released_rows
+        self.pairs.update(other.pairs)
+        self.reported.update(other.reported)
+        if not self.planned:
+            self.plan_pairs(list(other.planned), other.unreachable, other.split_keys)
+
     def describe(self) -> list[str]:
         odd_d = {d for d in self.head_dims if not _pow2(d)}
         odd_b = {b for b in self.block_sizes if not _pow2(b)}

@@ -424,6 +424,16 @@ class Margins:
         lean = max(abs(errors.mean_signed_ulps), abs(errors.mean_outward_ulps))
         self.lean[d] = max(self.lean.get(d, 0.0), lean)
 
+    def add(self, other: Margins) -> None:
+        """The most of each allowance used by this run or ``other`` (a shard of the same run)."""
+        for mine, theirs in (
+            (self.step, other.step),
+            (self.mean, other.mean),
+            (self.lean, other.lean),
+        ):
+            for d, value in theirs.items():
+                mine[d] = max(mine.get(d, 0.0), value)
+
     def describe(self) -> list[str]:
         def fmt(table: dict[str, float], d: str, digits: int) -> str:
             return f"{table[d]:.{digits}f}" if d in table else "-"

@@ -103,6 +103,25 @@ class RunStats:
         if self.first_failure_example is None:
             self.first_failure_example = self.examples
 
+    def add(self, other: RunStats) -> None:
+        """Count ``other``'s examples in these stats too (the shards of one run, merged).
+
+        The first failure's example is not added: it is the merged run's headline's to set.
+        """
+        self.examples += other.examples
+        self.steps += other.steps
+        for mine, theirs in (
+            (self.rules, other.rules),
+            (self.checks, other.checks),
+            (self.configs, other.configs),
+            (self.skips, other.skips),
+            (self.drawn, other.drawn),
+        ):
+            mine.update(theirs)
+        self.coverage.add(other.coverage)
+        self.margins.add(other.margins)
+        self.longest = max(self.longest, other.longest)
+
 
 def _tokens(seed: int, length: int, offset: int = 0) -> list[int]:
     rng = np.random.default_rng(seed)

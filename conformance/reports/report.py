@@ -47,6 +47,7 @@ def reproduce_command(result: RunResult) -> str:
         f"--profile {result.profile} --seed {result.seed}"
         + (f" --check-bounds {mode}" if mode else "")
         + (f" --shard {result.shard.describe()}" if result.shard else "")
+        + (f" --jobs {result.jobs}" if result.jobs > 1 else "")
     )
 
 
@@ -131,8 +132,10 @@ def summary_lines(result: RunResult) -> list[str]:
 
 
 def _shard(result: RunResult) -> str:
-    """``, shard K/N`` for one shard of a run (its examples are every N-th), else nothing."""
-    return "" if result.shard is None else f", shard {result.shard.describe()}"
+    """``, shard K/N`` for one shard of a run (its examples are every N-th), and ``, in J
+    jobs`` for shards run side by side; else nothing."""
+    shard = "" if result.shard is None else f", shard {result.shard.describe()}"
+    return shard + (f", in {result.jobs} jobs" if result.jobs > 1 else "")
 
 
 def verdict(result: RunResult) -> str:
@@ -244,6 +247,7 @@ def json_report(result: RunResult) -> dict[str, Any]:
         },
         "seed": result.seed,
         "shard": None if result.shard is None else result.shard.describe(),
+        "jobs": result.jobs,
         "passed": result.passed,
         "verdict": verdict(result),
         "complete": result.complete,
@@ -329,6 +333,7 @@ def write_junit(result: RunResult, path: Path) -> None:
         ("profile", result.profile),
         ("seed", str(result.seed)),
         *((("shard", result.shard.describe()),) if result.shard else ()),
+        *((("jobs", str(result.jobs)),) if result.jobs > 1 else ()),
         ("verdict", verdict(result)),
         ("complete", str(result.complete).lower()),
         *(("bounds", line) for line in ([] if result.bounds is None else result.bounds.lines())),

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -80,6 +80,7 @@ class Request:
     max_examples: int | None
     control: RunControl
     shard: str | None = None  # "K/N": one shard's share of the examples (conformance.run.shard)
+    claims: str | None = None  # a folder: of those, run the examples claimed here first
 
 
 def run_isolated(
@@ -93,7 +94,7 @@ def run_isolated(
     (by default, this process's standard error). Raises
     :class:`~conformance.errors.SetupError` for a setup error in the child.
     """
-    child = _BackendChild(request, progress or (lambda _: None), output or to_stderr)
+    child = BackendChild(request, progress or (lambda _: None), output or to_stderr)
     child.run()
     return child.outcome()
 
@@ -197,22 +198,28 @@ class ChildProcess(Generic[ResultT, StatsT]):
 
     def run(self) -> None:
         """Read the child's messages until it exits, hangs or the user stops the run."""
-        try:
-            while not self._exited():
-                self._pump(_POLL_S)
-                time.sleep(_BATCH_S)  # let messages gather: one wake-up reads many
-                overdue = self._overdue()
-                if overdue is not None:
-                    self._stop_hung(overdue)
-                    break
-        except KeyboardInterrupt:
-            self.interrupted = True
-        finally:
-            self._kill_group()
-            self._pump_until_closed()
-            self.proc.wait()
-            for fd in list(self.fds):
-                os.close(fd)
+        run_together([self])
+
+    def poll(self) -> bool:
+        """Read what the child has written so far; whether it is done (exited, or hung and
+        now being stopped)."""
+        if self._exited():
+            return True
+        self._pump(0)
+        overdue = self._overdue()
+        if overdue is not None:
+            self._stop_hung(overdue)
+            return True
+        return False
+
+    def finish(self) -> None:
+        """Kill what is left of the child's process group, read its last words, reap it."""
+        self._kill_group()
+        self._pump_until_closed()
+        self.proc.wait()
+        for fd in list(self.fds):
+            os.close(fd)
+        self.fds.clear()
 
     def _exited(self) -> bool:
         """Whether the child has exited (without reaping it: its group is still ours to kill)."""
@@ -362,7 +369,30 @@ class ChildProcess(Generic[ResultT, StatsT]):
         )
 
 
-class _BackendChild(ChildProcess[RunResult, RunStats]):
+def run_together(children: Sequence[ChildProcess[Any, Any]]) -> None:
+    """Read every child's messages until each has exited or hung; a Ctrl-C stops them all.
+
+    One loop waits on all the children's pipes at once, so that children run
+    side by side (the shards of one run) are watched as closely as one.
+    """
+    live = list(children)
+    try:
+        while live:
+            fds = [fd for child in live for fd in child.fds]
+            select.select(fds, [], [], _POLL_S)
+            time.sleep(_BATCH_S)  # let messages gather: one wake-up reads many
+            for child in [c for c in live if c.poll()]:
+                live.remove(child)
+                child.finish()
+    except KeyboardInterrupt:
+        for child in live:
+            child.interrupted = True
+    finally:
+        for child in live:
+            child.finish()
+
+
+class BackendChild(ChildProcess[RunResult, RunStats]):
     """The child of ``python -m conformance run``: :mod:`conformance.run.worker` on a backend."""
 
     def __init__(

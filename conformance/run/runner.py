@@ -53,7 +53,7 @@ from conformance.reports.replay import script as replay_script
 from conformance.run.control import RunControl
 from conformance.run.database import open_database
 from conformance.run.failures import FATAL, PassFailure
-from conformance.run.shard import Shard
+from conformance.run.shard import Claims, Shard
 from conformance.run.watchdog import CallTimeout, RunWatch, Sink, watching
 from spec.backend import Backend
 from spec.capabilities import Capabilities
@@ -176,6 +176,7 @@ class RunResult:
     reproduce: str = ""  # the command that reproduces this result, when not ``run --seed``
     shard: Shard | None = None  # the run's share of the examples, when it is one shard of N
     failures: list[PassFailure] = field(default_factory=list)  # each failing pass, first first
+    jobs: int = 1  # shards run side by side (conformance.run.parallel), merged into this result
 
     @property
     def passed(self) -> bool:
@@ -207,6 +208,7 @@ def run_suite(
     sink: Sink | None = None,
     passes: Iterable[str] | None = None,
     shard: Shard | None = None,
+    claims: Claims | None = None,
 ) -> RunResult:
     """Run the lockstep machine against ``backend`` (named ``backend_ref`` in reports).
 
@@ -218,7 +220,8 @@ def run_suite(
     ``database``: a directory, a Redis URL (:mod:`conformance.run.database`), or ``None``.
     ``shard``: run only that shard's share of the generated examples
     (:mod:`conformance.run.shard`); the examples saved in the database replay in
-    full on every shard, first.
+    full on every shard, first. ``claims``: of those, run only the examples this
+    process claims first (one of a ``--jobs`` run's processes, :mod:`conformance.run.parallel`).
     """
     control = control or RunControl()
     install_when_interpreting()  # interpreted kernels are judged as compiled Triton would run
@@ -279,7 +282,8 @@ def run_suite(
             db = open_database(database, backend_ref + suffix)
             shrink = control.shrink and not result.failures  # later failures: as found
             config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
-            _run_pass(result, backend, plan_now, config, tick, clock, watch, bounds, oracle)
+            share = _Split(shard, claims, offset=sum(n for _, n in result.passes[:-1]))
+            _run_pass(result, backend, plan_now, config, tick, clock, watch, share, bounds, oracle)
             if result.difference is not None and control.shrink and not shrink:
                 result.shrink_note = LATER_NOT_SHRUNK
             if result.difference is not None:
@@ -367,6 +371,11 @@ def headline_first(result: RunResult, later: PassFailure) -> None:
     """Add ``later`` (a hang or crash the parent saw) after the failures the run already had;
     the first stays the headline."""
     result.failures.append(later)
+    restore_headline(result)
+
+
+def restore_headline(result: RunResult) -> None:
+    """The first failing pass as the run's headline difference (there must be one)."""
     _restore(result, result.failures[0])
 
 
@@ -544,6 +553,7 @@ def _run_pass(
     tick: Callable[[], None],
     clock: _Clock,
     watch: RunWatch,
+    split: _Split,
     bounds: BoundsChecker | None = None,
     oracle: OracleChoice | None = None,
 ) -> None:
@@ -555,7 +565,6 @@ def _run_pass(
     through the spec alone (:class:`_Split`). One factory serves every run, so
     that all of them share one place in the database.
     """
-    split = _Split(result.shard, offset=sum(count for _, count in result.passes[:-1]))
 
     def factory() -> LockstepMachine:
         if not clock.may_start_example():
@@ -566,7 +575,7 @@ def _run_pass(
             backend, plan, result.stats, tick, bounds, defer_failure=split.active, oracle=oracle
         )
 
-    if result.shard is None:
+    if not split.shared:
         _hypothesis(result, factory, config, watch)
         return
     saved = [p for p in config.phases if p in (Phase.explicit, Phase.reuse, Phase.shrink)]
@@ -580,31 +589,42 @@ def _run_pass(
 
 @dataclass
 class _Split:
-    """Which generated examples of a pass run in full on this shard.
+    """Which generated examples of a pass run in full in this process.
 
     While ``active``, example ``i`` of the pass (in the order the run's seed
     generates them), numbered ``offset + i`` in the run (``offset``: the
     examples the earlier passes asked for, so that passes of one example
     each fall to different shards), runs in full when the shard owns that
-    number, or once a failure is found (shrinking it needs the backend); the
-    others are drawn through the spec alone. Every shard generates the same
-    examples, so the numbers partition them. A failing example of a shard
+    number and, in a ``--jobs`` run, this process claims it first
+    (``claims``), or once a failure is found (shrinking it needs the
+    backend); the others are drawn through the spec alone. Every shard and
+    job generates the same examples, so they share them out exactly. A failing example of a shard
     draws to its end before it fails (``defer_failure``), as its twin drawn
     through the spec alone would: Hypothesis requires one sequence of choices
     to draw the same way each time.
     """
 
     shard: Shard | None
+    claims: Claims | None = None  # of the shard's examples, those this process claims first
     offset: int = 0
     active: bool = False
     index: int = 0
 
+    @property
+    def shared(self) -> bool:
+        """Whether other processes run some of this pass's examples."""
+        return self.shard is not None or self.claims is not None
+
     def draw_only(self, stats: RunStats) -> bool:
-        if not self.active or self.shard is None:
+        if not self.active or not self.shared:
             return False
         self.index += 1
+        if stats.first_failure_example is not None:
+            return False
         number = self.offset + self.index - 1
-        return not self.shard.owns(number) and stats.first_failure_example is None
+        if self.shard is not None and not self.shard.owns(number):
+            return True
+        return self.claims is not None and not self.claims.take(f"{self.offset}.{self.index - 1}")
 
 
 def _hypothesis(

@@ -22,8 +22,10 @@ ValueError: '3/2': the shard K/N needs 1 <= K <= N, got K=3, N=2
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 _SHAPE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 
@@ -69,3 +71,35 @@ def parse_shard(text: str) -> Shard:
         return Shard(int(match[1]), int(match[2]))
     except ValueError as err:
         raise ValueError(f"{text!r}: {err}") from None
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Examples shared out at run time: each goes to the first of several processes to ask.
+
+    The processes of one ``--jobs`` run (:mod:`conformance.run.parallel`)
+    generate the same examples from one seed; a process runs in full the
+    examples it claims and draws the others through the spec alone. A claim
+    is a file named for the example (its pass, and its place in the pass's
+    generation order: a pass may generate more examples than it asked for,
+    so run-wide numbers could collide), created only if absent (atomic on a
+    local file system): each example is claimed exactly once, and a process
+    slowed by a long example leaves the next ones to the others.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     a, b = Claims(Path(folder)), Claims(Path(folder))
+    ...     [a.take("0.0"), b.take("0.0"), b.take("0.1"), a.take("0.1")]
+    [True, False, True, False]
+    """
+
+    folder: Path
+
+    def take(self, example: str) -> bool:
+        """Claim the example of this name; whether this process got it."""
+        try:
+            fd = os.open(self.folder / example, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, NoReturn
 
 from conformance.errors import SetupError
@@ -28,7 +29,7 @@ from conformance.run.control import RunControl
 from conformance.run.discovery import load_backend
 from conformance.run.protocol import encode
 from conformance.run.runner import run_suite
-from conformance.run.shard import parse_shard
+from conformance.run.shard import Claims, parse_shard
 
 REQUEST_VAR = "PAGED_SPEC_WORKER"
 _PR_SET_PDEATHSIG = 1
@@ -104,6 +105,7 @@ def _run(request: dict[str, Any], channel: Channel) -> None:
             control=control,
             sink=channel.send,
             shard=None if shard is None else parse_shard(shard),
+            claims=None if request.get("claims") is None else Claims(Path(request["claims"])),
         )
     except SetupError as err:
         channel.send({"t": "setup", "message": str(err)})
