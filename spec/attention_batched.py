@@ -39,6 +39,9 @@ F64 = NDArray[np.float64]
 
 _DECODE_CHUNK_ELEMENTS = 1 << 22
 """Padded K elements per vectorised group of decodes: bounds the reference's temporary memory."""
+_PREFILL_TILE_SCORES = 1 << 24
+"""Scores per tile of a prefill chunk's queries (128 MB in float64): bounds the same, so that
+the reference backend runs prompts of 32,768 tokens in a few GB."""
 
 
 def paged_attention_batched(
@@ -73,12 +76,42 @@ def paged_attention_batched(
         out[rows] = _attend_padded(query[rows][:, None], keys, scale, variant, precision)[:, 0]
     for i in range(batch.num_seqs):
         if batch.query_len(i) > 1:
-            start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            keys = [_rounded(gather_visible(batch, memory, layer, group, variant, i), precision)]
-            out[start:end] = _attend_padded(
-                query[None, start:end], keys, scale, variant, precision
-            )[0]
+            start = batch.query_start_loc[i]
+            k, v, positions, first = _rounded(
+                gather_visible(batch, memory, layer, group, variant, i), precision
+            )
+            k_all, v_all, key_pos, valid, _ = _padded([(k, v, positions, first)], precision)
+            for a, b in _query_tiles(len(positions), k.shape[0] * num_heads):
+                rows = slice(start + a, start + b)
+                out[rows] = _attend_batch(
+                    query[None, rows],
+                    k_all,
+                    v_all,
+                    positions[None, a:b],
+                    key_pos,
+                    valid,
+                    scale,
+                    variant,
+                    precision,
+                )[0]
     return out
+
+
+def _query_tiles(num_queries: int, scores_per_query: int) -> list[tuple[int, int]]:
+    """A prefill chunk's queries in tiles whose scores stay under the memory bound.
+
+    Each query's row of scores is its own (its softmax reads no other row),
+    so tiling the queries changes no value, only how many are held at once:
+    a chunk of 8,192 queries over 32,768 keys with 64 heads would otherwise
+    need a 137 GB score matrix.
+
+    >>> _query_tiles(10, 1 << 23)
+    [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    >>> _query_tiles(3, 1 << 25)  # one query past the bound still runs, alone
+    [(0, 1), (1, 2), (2, 3)]
+    """
+    per_tile = max(1, _PREFILL_TILE_SCORES // scores_per_query)
+    return [(a, min(a + per_tile, num_queries)) for a in range(0, num_queries, per_tile)]
 
 
 _Keys = tuple[F64, F64, NDArray[np.int64], int]
@@ -116,6 +149,15 @@ def _attend_padded(
     invisible (their weight is exactly zero), so each sequence's result is its
     own.
     """
+    k_all, v_all, key_pos, valid, positions = _padded(keys, precision)
+    return _attend_batch(query, k_all, v_all, positions, key_pos, valid, scale, variant, precision)
+
+
+def _padded(
+    keys: list[_Keys], precision: Precision
+) -> tuple[F64, F64, NDArray[np.int64], NDArray[np.bool_], NDArray[np.int64]]:
+    """The sequences' K and V head-major ``[S, H_kv, t, D]``, zero-padded to the longest,
+    with the keys' positions ``[S, t]``, which are real, and the queries' positions ``[S, n]``."""
     width = max(k.shape[0] for k, _, _, _ in keys)
     s, (h_kv, d) = len(keys), keys[0][0].shape[1:]
     dt = np.dtype(precision.compute)
@@ -128,7 +170,7 @@ def _attend_padded(
         key_pos[j] = first + np.arange(width)
         valid[j, : k.shape[0]] = True
     positions = np.stack([p for _, _, p, _ in keys])
-    return _attend_batch(query, k_all, v_all, positions, key_pos, valid, scale, variant, precision)
+    return k_all, v_all, key_pos, valid, positions
 
 
 def attend_at_precision(

@@ -90,12 +90,16 @@ def batches(draw: st.DrawFn) -> tuple[np.ndarray, BatchMetadata, KVMemory]:
 def test_batched_paged_attention_equals_the_definition(
     data: st.DataObject, case: tuple[np.ndarray, BatchMetadata, KVMemory], tiny_groups: bool
 ) -> None:
-    """Every variant, GQA ratio and KV dtype; decodes padded together or one group each."""
+    """Every variant, GQA ratio and KV dtype; decodes padded together or one group each, a
+    prefill chunk's queries in one tile or in tiles of one to three queries."""
     q, batch, mem = case
     variant = data.draw(variants(q.shape[1]))
     with pytest.MonkeyPatch.context() as patch:
         if tiny_groups:  # the memory bound splits every decode into a group of its own
             patch.setattr(batched, "_DECODE_CHUNK_ELEMENTS", 1)
+            scores_per_query = max(batch.seq_lens) * q.shape[1]  # at most: the tile bound
+            tile = data.draw(st.integers(1, 3), label="queries per tile")
+            patch.setattr(batched, "_PREFILL_TILE_SCORES", tile * scores_per_query)
         got = paged_attention_batched(q, batch, mem, 0, 0.3, variant=variant)
     want = paged_attention(q, batch, mem, 0, 0.3, variant=variant)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
