@@ -1,4 +1,4 @@
-"""What the interpreter shim's two speed-ups save: one Triton pass, with them and without.
+"""What the interpreter shim's speed-ups save: one Triton pass, with them and without.
 
     python -m benchmarks.interpreter --pass short --examples 12
 
@@ -7,7 +7,8 @@ Runs the same pass of the lockstep suite on the Triton backend under
 the same workloads, step for step): once with the shim as the suite installs
 it, once with the shim's value corrections but without its speed-ups (the
 interpreter's own overflow checks computed and discarded; the language
-patched again at every ``@triton.jit`` helper call). It prints each time, the
+patched again at every ``@triton.jit`` helper call; numpy dtypes and block
+types rebuilt for every operation). It prints each time, the
 steps run and their ratio. Run it on an otherwise idle machine.
 """
 
@@ -30,6 +31,8 @@ def _without_speed_ups() -> None:
     for owner, name in (
         (interp.interpreter_builder, "options"),
         (interp.InterpretedFunction, "__call__"),
+        (interp, "_get_np_dtype"),
+        (interp.InterpreterBuilder, "get_block_ty"),
     ):
         setattr(owner, name, SHIM.saved[(owner, name)])  # the patches that change speed only
 

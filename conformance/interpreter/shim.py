@@ -26,7 +26,10 @@ What the interpreter gets wrong, and what each patch does instead:
   patches the language module again (a walk over all its members), though
   the launch (or an earlier helper) already did, and nothing restores it
   before the launch ends. Patched: a helper that sees no language module
-  not yet patched in this launch is called directly.
+  not yet patched in this launch is called directly. And the interpreter
+  rebuilds a table of twenty numpy dtypes to look up one (for every
+  operation), and a block type for every operation's result: both are
+  looked up once per type and shape, then remembered.
 
 Not corrected, and raised as :class:`~conformance.interpreter.limits.InterpreterLimit`
 instead: conversions to or from the other fp8 formats (``fp8e4b15``,
@@ -236,6 +239,34 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
         except Exception as e:
             raise interp.InterpreterError(repr(e)) from e
 
+    orig_np_dtype, orig_block_ty = interp._get_np_dtype, builder.get_block_ty
+    np_dtypes: dict[Any, Any] = {}
+    block_types: dict[tuple[Any, tuple[int, ...]], Any] = {}
+
+    def np_dtype(tt_dtype: Any) -> Any:
+        element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(element, tl.pointer_type):
+            return orig_np_dtype(tt_dtype)
+        try:
+            found = np_dtypes.get(element)
+        except TypeError:
+            return orig_np_dtype(tt_dtype)
+        if found is None:
+            found = np_dtypes[element] = orig_np_dtype(element)
+        return found
+
+    def get_block_ty(self: Any, dtype: Any, shape: Any) -> Any:
+        if isinstance(dtype, tl.pointer_type):
+            return orig_block_ty(self, dtype, shape)
+        key = (dtype, tuple(shape))
+        try:
+            found = block_types.get(key)
+        except TypeError:  # a shape of constexprs or a type that does not hash: build it
+            return orig_block_ty(self, dtype, shape)
+        if found is None:
+            found = block_types[key] = orig_block_ty(self, dtype, shape)
+        return found
+
     options = interp.interpreter_builder.options
     out: dict[tuple[Any, str], Any] = {
         (interp.interpreter_builder, "options"): replace(
@@ -254,6 +285,8 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
         (interp, "_implicit_cvt"): implicit_cvt,
         (interp.GridExecutor, "__call__"): call,
         (interp.InterpretedFunction, "__call__"): device_call,
+        (interp, "_get_np_dtype"): np_dtype,
+        (builder, "get_block_ty"): get_block_ty,
     }
     return out
 
