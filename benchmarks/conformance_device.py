@@ -4,15 +4,22 @@
 of step (a decode of 64 sequences at 2,048 and at 8,192 tokens of context; a
 prefill chunk of 2,048 queries over 8,192 tokens), one lockstep step on the
 eager torch backend (head dim 128, 32 query heads on 8 KV heads, blocks of
-16, float16), twice: judged by the spec's numpy reference (before) and by the
-fast reference (after). Each run is a fresh child process, so the peak
-resident memory it prints (``ru_maxrss``) is that run's, setup included.
+16, float16), judged by each oracle in turn: the spec's numpy reference
+(``spec``); the fast reference reading the blocks it needs sent afresh at
+every step (``sent``: what a reference on a GPU did before the resident copy,
+here a host-to-host copy); the fast reference reading the spec's memory in
+place (``fast``: what it does on a CPU); and reading the resident copy that
+only new K and V reach (``resident``: what it does on a GPU,
+:mod:`conformance.judges.resident_kv`). Each run is a fresh child process, so
+the peak resident memory it prints (``ru_maxrss``) is that run's, setup
+included; **KV sent** is what the step sent to the oracle's device.
 
 For each it prints the backend's time, the suite's own time split into
 **reference** (both references of the step), **comparison** (KV and output
 comparisons, the numerics) and **bookkeeping** (the spec's block manager and
-memory, ground truth, everything else), and suite / backend. The state
-before the timed step (the prompts' prefill) is built first and not timed.
+memory, ground truth, everything else), and suite / backend, per step (for a
+decode, the mean of :data:`DECODES` steps). The state before the timed steps
+(the prompts' prefill) is built first and not timed.
 
 ``--scale N`` divides the sequence count and every length by ``N`` (a decode
 of 64 / N sequences at 2,048 / N tokens...): the full shapes cost minutes
@@ -33,7 +40,9 @@ import numpy as np
 from spec.kv_budget import cdiv
 
 BLOCK, HEADS, KV_HEADS, HEAD_DIM = 16, 32, 8, 128
-ORACLES = ("spec", "fast")
+ORACLES = ("spec", "sent", "fast", "resident")
+DECODES = 4
+"""Decode steps timed per decode kind (the figures are their mean): one step is too noisy."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class Split:
     comparison_s: float
     total_s: float
     peak_bytes: float
+    sent_bytes: float = 0.0
 
     @property
     def bookkeeping_s(self) -> float:
@@ -89,6 +99,7 @@ class _Clock:
 
     def __init__(self) -> None:
         self.parts = {"backend": 0.0, "reference": 0.0, "comparison": 0.0}
+        self.sent = 0.0  # bytes of KV sent to the oracle's device
 
     def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: object, **kwargs: object) -> object:
@@ -117,7 +128,18 @@ def _patch(clock: _Clock, oracle: str) -> None:
     import conformance.judges.oracle as oracle_module
     import conformance.lockstep.driver as drv
 
-    oracle_module.FAST_THRESHOLD = 0 if oracle == "fast" else 1 << 62
+    oracle_module.FAST_THRESHOLD = 1 << 62 if oracle == "spec" else 0
+    if oracle == "sent":
+        from conformance.judges.fast_reference import PagedKV
+        from spec.batch import PAD_BLOCK
+
+        def sent_afresh(choice: Any, memory: Any, layer: int, batch: Any, group: int) -> Any:
+            blocks = sorted({b for row in batch.tables(group) for b in row if b != PAD_BLOCK})
+            cache = PagedKV.from_memory(memory, layer, choice.device, blocks=blocks)
+            clock.sent += 2 * cache.key.numel() * cache.key.element_size()
+            return cache
+
+        setattr(oracle_module, "layer_cache", sent_afresh)  # noqa: B010
     from conformance.judges.numerics import ExampleMeter
 
     setattr(drv, "reference_outputs", clock.wrap("reference", getattr(drv, "reference_outputs")))  # noqa: B009, B010
@@ -128,6 +150,9 @@ def _patch(clock: _Clock, oracle: str) -> None:
 
 def _child(kind: Kind, oracle: str, out: mp.Queue[Split]) -> None:
     from backend_gpu.torch_backend import TorchBackend
+    from conformance.judges.oracle import OracleChoice
+    from conformance.judges.resident_kv import ResidentKV
+    from conformance.judges.tile_plan import DEFAULT_MEMORY_LIMIT
     from conformance.lockstep.driver import Lockstep
     from conformance.lockstep.workload import WorkloadConfig, scale_for
     from spec.backend import KVGeometry
@@ -137,7 +162,8 @@ def _child(kind: Kind, oracle: str, out: mp.Queue[Split]) -> None:
     per_seq = cdiv(kind.context + 1, BLOCK) + 1
     geometry = KVGeometry(1, kind.seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM, "float16")
     config = WorkloadConfig(geometry, HEADS, scale_for(HEAD_DIM, False), seed=1)
-    ls = Lockstep(_TimedBackend(TorchBackend(), clock), config)
+    choice = OracleChoice("cpu", DEFAULT_MEMORY_LIMIT, resident=oracle == "resident")
+    ls = Lockstep(_TimedBackend(TorchBackend(), clock), config, oracle=choice)
     rng = np.random.default_rng(0)
     prompts = {s: [int(t) for t in rng.integers(0, 64, kind.context)] for s in range(kind.seqs)}
     done = kind.context - kind.queries
@@ -148,16 +174,25 @@ def _child(kind: Kind, oracle: str, out: mp.Queue[Split]) -> None:
         ls.step([(s, p[lo : min(lo + chunk, done)]) for s, p in prompts.items()])
     for part in clock.parts:
         clock.parts[part] = 0.0
+    clock.sent = 0.0
+    before = ls.memory.sent_bytes if isinstance(ls.memory, ResidentKV) else 0
+    steps = [[(s, p[done:]) for s, p in prompts.items()]]
+    if kind.queries == 1:  # decodes: more steps of one token each, the mean per step
+        steps += [[(s, [int(t)]) for s in prompts] for t in rng.integers(0, 64, DECODES - 1)]
     start = time.perf_counter()
-    ls.step([(s, p[done:]) for s, p in prompts.items()])
-    total = time.perf_counter() - start
+    for work in steps:
+        ls.step(work)
+    n = len(steps)
+    total = (time.perf_counter() - start) / n
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
-    p = clock.parts
-    out.put(Split(p["backend"], p["reference"], p["comparison"], total, peak))
+    p = {part: seconds / n for part, seconds in clock.parts.items()}
+    sent = clock.sent + (ls.memory.sent_bytes - before if isinstance(ls.memory, ResidentKV) else 0)
+    out.put(Split(p["backend"], p["reference"], p["comparison"], total, peak, sent / n))
 
 
 def measure(kind: Kind, oracle: str) -> Split:
-    """One timed step of ``kind`` judged by ``oracle``, in a fresh process."""
+    """The timed step of ``kind`` judged by ``oracle`` (a decode kind's mean over
+    :data:`DECODES` steps), in a fresh process."""
     ctx = mp.get_context("spawn")
     queue: mp.Queue[Split] = ctx.Queue()
     child = ctx.Process(target=_child, args=(kind, oracle, queue))
@@ -172,8 +207,8 @@ def table(scale: int, oracles: tuple[str, ...] = ORACLES) -> list[str]:
     """The device-shapes table, one row per kind of step and oracle (markdown)."""
     lines = [
         "| step | oracle | backend s | reference s | comparison s | bookkeeping s "
-        "| suite / backend | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| suite / backend | KV sent MiB | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for kind in (k.scaled(scale) for k in KINDS):
         for oracle in oracles:
@@ -181,6 +216,7 @@ def table(scale: int, oracles: tuple[str, ...] = ORACLES) -> list[str]:
             lines.append(
                 f"| {kind.describe()} | {oracle} | {s.backend_s:.3f} | {s.reference_s:.3f} "
                 f"| {s.comparison_s:.3f} | {s.bookkeeping_s:.3f} "
-                f"| {s.suite_s / max(s.backend_s, 1e-9):.2f} | {s.peak_bytes / 2**20:.0f} |"
+                f"| {s.suite_s / max(s.backend_s, 1e-9):.2f} | {s.sent_bytes / 2**20:.1f} "
+                f"| {s.peak_bytes / 2**20:.0f} |"
             )
     return lines

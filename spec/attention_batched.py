@@ -82,9 +82,9 @@ def paged_attention_batched(
             )
             k_all, v_all, key_pos, valid, _ = _padded([(k, v, positions, first)], precision)
             for a, b in _query_tiles(len(positions), k.shape[0] * num_heads):
-                rows = slice(start + a, start + b)
-                out[rows] = _attend_batch(
-                    query[None, rows],
+                tile = slice(start + a, start + b)
+                out[tile] = _attend_batch(
+                    query[None, tile],
                     k_all,
                     v_all,
                     positions[None, a:b],

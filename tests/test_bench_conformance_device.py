@@ -5,16 +5,26 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.conformance import main
-from benchmarks.conformance_device import KINDS, measure
+from benchmarks.conformance_device import BLOCK, DECODES, KINDS, ORACLES, measure
 
 
-@pytest.mark.parametrize("oracle", ["spec", "fast"])
-def test_a_device_shape_step_splits_the_suites_time_and_measures_its_memory(oracle: str) -> None:
-    kind = KINDS[0].scaled(64)  # a decode of 1 sequence at 32 tokens, 32/8 heads
-    split = measure(kind, oracle)
-    assert split.backend_s > 0 and split.reference_s > 0 and split.comparison_s > 0
-    assert split.total_s >= split.backend_s + split.reference_s + split.comparison_s
-    assert split.bookkeeping_s >= 0 and split.peak_bytes > 0
+def test_a_device_shape_step_splits_the_suites_time_and_measures_its_memory() -> None:
+    """Each oracle: the parts timed, and the KV sent to its device: every block read by the
+    step when sent afresh, only the blocks written when resident, nothing when read in place."""
+    kind = KINDS[0].scaled(32)  # a decode of 2 sequences at 64 tokens, 32/8 heads
+    sent = {}
+    for oracle in ORACLES:
+        split = measure(kind, oracle)
+        assert split.backend_s > 0 and split.reference_s > 0 and split.comparison_s > 0
+        assert split.total_s >= split.backend_s + split.reference_s + split.comparison_s
+        assert split.bookkeeping_s >= 0 and split.peak_bytes > 0
+        sent[oracle] = split.sent_bytes
+    row = BLOCK * 8 * 128  # one block of one layer's K or V
+    assert sent["spec"] == sent["fast"] == 0
+    # K and V (float64) of every block read: 4 per sequence at 64 tokens, then 5 (65 to 67)
+    blocks = [-(-(64 + i) // BLOCK) for i in range(DECODES)]
+    assert sent["sent"] == 2 * 2 * row * 8 * sum(blocks) / DECODES
+    assert sent["resident"] == 2 * 2 * row * 4  # the block each decode wrote, float32
 
 
 def test_the_scale_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:

@@ -199,8 +199,9 @@ class PagedKV:
     exact too). ``scales`` is the layer's ``(k_scale, v_scale)`` for an fp8
     cache: K is read as ``stored * float32(k_scale)``, as
     :func:`spec.quant.dequantize` does. ``block_ids``, when given, names the
-    pool block that row ``j`` of the tensors holds (an upload of only the
-    blocks a step reads, from a lazy pool of millions of blocks).
+    pool block that row ``j`` of the tensors holds, in any order, each once
+    (an upload of only the blocks a step reads, from a lazy pool of millions
+    of blocks; or the blocks kept on the device, :mod:`conformance.judges.resident_kv`).
     """
 
     key: torch.Tensor
@@ -235,23 +236,31 @@ class PagedKV:
             raise InvalidRequestError(
                 f"PagedKV.block_ids names {len(self.block_ids)} blocks for {k.shape[0]} rows"
             )
+        if self.block_ids is not None and len(set(self.block_ids)) != len(self.block_ids):
+            twice = sorted(b for b in set(self.block_ids) if self.block_ids.count(b) > 1)
+            raise InvalidRequestError(f"PagedKV.block_ids names block {twice[0]} twice")
 
     @classmethod
     def from_memory(
         cls, memory: KVMemory, layer: int, device: object, blocks: Sequence[int] | None = None
     ) -> PagedKV:
-        """The spec's ``memory`` of ``layer`` on ``device``: every block, or only ``blocks``."""
+        """The spec's ``memory`` of ``layer`` on ``device``: every block, or only ``blocks``.
+
+        Every block of a memory held whole (not lazy) on the CPU is not copied: the
+        cache is then a view of the memory (and shows its later writes).
+        """
         torch = _torch()
         dev = resolve_device(device)
+        layer = check_int("layer", layer, low=0, high=memory.num_layers - 1)
+        scales = memory.kv_scales[layer] if memory.kv_dtype is not None else None
         ids = None if blocks is None else tuple(sorted(set(blocks)))
         if ids is None and memory.lazy:
             raise InvalidRequestError("a lazy KV memory is uploaded by the blocks a step reads")
-        read = range(memory.shape[0]) if ids is None else ids
-        k, v = memory.read_blocks(layer, list(read))
-        scales = memory.kv_scales[layer] if memory.kv_dtype is not None else None
-        to = dev
+        if ids is None and dev.type == "cpu":
+            return cls(torch.from_numpy(memory.k[layer]), torch.from_numpy(memory.v[layer]), scales)
+        k, v = memory.read_blocks(layer, list(range(memory.shape[0]) if ids is None else ids))
         return cls(
-            torch.from_numpy(k).to(to), torch.from_numpy(v).to(to), scales, ids, memory.shape[0]
+            torch.from_numpy(k).to(dev), torch.from_numpy(v).to(dev), scales, ids, memory.shape[0]
         )
 
     @property
@@ -353,11 +362,13 @@ def _tables(torch: Any, batch: BatchMetadata, group: int, kv: PagedKV, items: It
     batch.tables(check_int("group", group, low=0))  # the spec's error for a group it lacks
     table = batch.arrays().group_tables[group]
     rows = table.astype(np.int64)
-    if kv.block_ids is not None:
+    if kv.block_ids is not None:  # pool block -> row, the rows in any order
         ids = np.asarray(kv.block_ids, dtype=np.int64)
-        where = np.clip(np.searchsorted(ids, rows), 0, max(len(ids) - 1, 0))
-        found = (rows >= 0) & (ids[where] == rows) if len(ids) else np.zeros_like(rows, bool)
-        rows = np.where(found, where, np.where(rows >= 0, -2, rows))
+        order = np.argsort(ids, kind="stable")
+        ordered = ids[order]
+        where = np.clip(np.searchsorted(ordered, rows), 0, max(len(ids) - 1, 0))
+        found = (rows >= 0) & (ordered[where] == rows) if len(ids) else np.zeros_like(rows, bool)
+        rows = np.where(found, order[where] if len(ids) else where, np.where(rows >= 0, -2, rows))
     b = batch.block_size
     for j in range(len(items)):
         s, lo, hi = int(items.seq[j]), int(items.lo[j]), int(items.hi[j])

@@ -333,13 +333,26 @@ def _arrays_of(result: object) -> list[np.ndarray[Any, Any]]:
 
 
 def _same(a: object, b: object) -> bool:
-    """Bit for bit (a NaN equals itself; -0.0 does not equal 0.0)."""
+    """Bit for bit (a NaN equals itself; -0.0 does not equal 0.0).
+
+    >>> _same(np.array([np.nan, 0.0]), np.array([np.nan, 0.0])), _same(np.zeros(1), -np.zeros(1))
+    (True, False)
+    """
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        bits = _BITS.get(a.dtype.itemsize)
+        if bits is None or a.dtype.hasobject or not (a.flags.c_contiguous and b.flags.c_contiguous):
+            return a.tobytes() == b.tobytes()
+        return bool(np.array_equal(a.reshape(-1).view(bits), b.reshape(-1).view(bits)))
     try:
         return bool(a == b)
     except Exception:  # elements whose == is not a truth value
         return False
+
+
+_BITS = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+"""Unsigned integers as wide as an element: its bits compared without copying them."""
 
 
 def _layer(what: str, args: tuple[object, ...]) -> int | None:

@@ -45,6 +45,7 @@ from conformance.judges.fast_reference import (
     resolve_device,
     same_precision,
 )
+from conformance.judges.resident_kv import ResidentKV
 from conformance.judges.tile_plan import DEFAULT_MEMORY_LIMIT, MemoryLimitError
 from spec.attention import AttentionVariant
 from spec.attention_batched import paged_attention_batched as spec_attention
@@ -69,6 +70,23 @@ ORACLE_NAMES = {
     SPEC: "the spec's numpy float64 reference",
     FAST: "the fast reference (torch float64, tiled)",
 }
+
+
+def layer_cache(
+    choice: OracleChoice, memory: KVMemory, layer: int, batch: BatchMetadata, group: int
+) -> PagedKV:
+    """The fast reference's view of ``layer`` for one step, moving as little as it can.
+
+    A :class:`~conformance.judges.resident_kv.ResidentKV` on the device hands
+    over its resident copy (nothing moves); a whole memory on the CPU is read in
+    place; otherwise the blocks the step reads are sent.
+    """
+    if isinstance(memory, ResidentKV) and str(memory.device) == choice.device:
+        return memory.layer_cache(layer)
+    if choice.device == "cpu" and not memory.lazy:
+        return PagedKV.from_memory(memory, layer, "cpu")
+    blocks = sorted({b for row in batch.tables(group) for b in row if b != PAD_BLOCK})
+    return PagedKV.from_memory(memory, layer, choice.device, blocks=blocks)
 
 
 def step_cost(batch: BatchMetadata, num_heads: int) -> int:
@@ -108,6 +126,7 @@ class OracleChoice:
 
     device: str
     memory_limit: int
+    resident: bool = False  # the spec's memory kept on the device (conformance.judges.resident_kv)
 
     def choose(self, cost: int, device: str) -> str:
         """``"fast"`` for a large step or a backend not on the CPU, else ``"spec"``."""
@@ -136,7 +155,7 @@ def _checked_choice(backend_device: str, limit: int) -> OracleChoice:
         dev = str(resolve_device(backend_device))
     except DeviceUnavailableError as e:
         raise SetupError(f"the fast reference cannot run on the backend's device: {e}") from e
-    choice = OracleChoice(dev, limit)
+    choice = OracleChoice(dev, limit, resident=dev != "cpu")
     startup_check(choice)
     return choice
 
@@ -228,9 +247,8 @@ def reference_outputs(
                 f"and {batch.num_tokens} query tokens: give the suite's process more memory"
             ) from e
         return exact, same
-    blocks = sorted({b for row in batch.tables(group) for b in row if b != PAD_BLOCK})
     try:
-        cache = PagedKV.from_memory(memory, layer, choice.device, blocks=blocks)
+        cache = layer_cache(choice, memory, layer, batch, group)
         limit = choice.memory_limit
         exact_t = paged_attention(
             query, batch, cache, scale, variant=variant, group=group, memory_limit=limit

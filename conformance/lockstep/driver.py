@@ -111,6 +111,7 @@ from conformance.judges.oracle import (
     reference_outputs,
     step_cost,
 )
+from conformance.judges.resident_kv import ResidentKV
 from conformance.lockstep.group_memory import GroupMemory, describe_groups, released_rows
 from conformance.lockstep.pairs import call_features, call_path
 from conformance.lockstep.tables import widen
@@ -197,7 +198,6 @@ class Lockstep:
             if self.groups is None
             else self.groups.manager  # group 0's: read it, the groups' memory drives it
         )
-        self.memory = _memory(g)
         self.truth = TokenKV(config)
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.skips: Counter[str] = Counter() if skips is None else skips
@@ -218,6 +218,7 @@ class Lockstep:
             raise ValueError("a large pool needs the backend's read_blocks(layer, blocks)")
         self._device = self._device_contract()
         self.oracle = oracle or oracle_for_run(self.caps.device)
+        self.memory = _memory(g, self.oracle)
         ratio = config.num_heads // g.num_kv_heads
         self.coverage.note_shape(
             head_dim=g.head_dim,
@@ -988,16 +989,12 @@ _Call = list[int]
 """The batch indices of the sequences of one attention call."""
 
 
-def _memory(g: KVGeometry) -> KVMemory:
-    return KVMemory(
-        g.num_layers,
-        g.num_blocks,
-        g.block_size,
-        g.num_kv_heads,
-        g.head_dim,
-        kv_dtype=g.kv_dtype,
-        kv_scales=g.kv_scales,
-    )
+def _memory(g: KVGeometry, oracle: OracleChoice) -> KVMemory:
+    """The spec's KV memory; kept on the oracle's device too when it is not the host's."""
+    dims = (g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+    if oracle.resident:
+        return ResidentKV(*dims, device=oracle.device, kv_dtype=g.kv_dtype, kv_scales=g.kv_scales)
+    return KVMemory(*dims, kv_dtype=g.kv_dtype, kv_scales=g.kv_scales)
 
 
 def _bounds_detail(seen: Watched) -> str:
