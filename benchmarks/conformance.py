@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from backend_gpu.torch_backend import TorchBackend
-from benchmarks.conformance_device import table
+from benchmarks.conformance_device import ORACLES, table
 from conformance.lockstep.driver import Lockstep
 from conformance.lockstep.workload import WorkloadConfig, scale_for
 from spec.kv_budget import cdiv
@@ -134,15 +134,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scale", type=int, default=1, help="with --device-shapes: divide seqs and lengths by N"
     )
+    parser.add_argument(
+        "--oracles",
+        default=",".join(ORACLES),
+        help=f"with --device-shapes: the oracles to run, comma-separated ({', '.join(ORACLES)})",
+    )
     args = parser.parse_args(argv)
     if args.scale < 1:
         parser.error(f"--scale must be at least 1, got {args.scale}")
+    oracles = tuple(o.strip() for o in args.oracles.split(",") if o.strip())
+    unknown = [o for o in oracles if o not in ORACLES]
+    if unknown or not oracles:
+        parser.error(f"--oracles: expected some of {', '.join(ORACLES)}, got {args.oracles!r}")
     if args.device_shapes:
         print(
             f"Suite vs torch backend per step, head dim 128, 32/8 heads, block 16, float16, "
             f"shapes divided by {args.scale} (one run each, fresh process)"
         )
-        print("\n".join(table(args.scale)))
+        print("\n".join(table(args.scale, oracles)))
         return 0
     rows = run(args.seqs, args.context, args.decodes)
     print(

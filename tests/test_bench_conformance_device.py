@@ -31,3 +31,11 @@ def test_the_scale_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--device-shapes", "--scale", "0"])
     assert "--scale must be at least 1" in capsys.readouterr().err
+
+
+def test_the_oracles_must_be_known(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--device-shapes", "--oracles", "fast,gpu"])
+    assert "--oracles: expected some of spec, sent, fast, resident, got 'fast,gpu'" in (
+        capsys.readouterr().err
+    )
