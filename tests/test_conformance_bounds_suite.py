@@ -89,11 +89,11 @@ def test_a_read_past_the_table_fails_an_isolated_run_as_bounds_in_every_report(
     assert str(props["bounds"]).startswith("bounds check (default): ")
 
 
-@pytest.mark.heavy
-def test_a_read_one_past_a_row_fails_strict_mode(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["run", "--backend", PAST_ROW, "--check-bounds", "strict", *SMALL, "--in-process"]
-    assert main([*argv, "--no-shrink"]) == 1
-    out = capsys.readouterr().out
+def test_a_read_one_past_a_row_fails_strict_mode() -> None:
+    result = _short_run(ReadsOnePastARow(), PAST_ROW, "strict", ("short",))
+    out = text_report(result)
+    assert not result.passed and result.difference is not None
+    assert result.difference.what == "bounds"
     assert "block-table padding in table_ptr" in out and "bounds check (strict)" in out
 
 

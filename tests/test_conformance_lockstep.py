@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from speculative_workloads import SPECULATIVE_WORKLOADS
 from variant_workloads import VARIANT_WORKLOADS
 
+import spec.kv_memory as kv_memory
 from conformance.judges.compare import first_kv_difference, first_output_difference
 from conformance.judges.dtypes import round_to
 from conformance.judges.numerics import output_errors
@@ -352,3 +353,17 @@ def test_long_context_workloads_pass_1024_tokens() -> None:
     assert result.stats.rules["add (long prompt, 300..1100 tokens)"] > 0
     assert result.stats.longest > 1024
     assert any(shape.endswith("long-context") for shape in result.stats.configs)
+
+
+def test_a_spec_pool_held_lazily_is_compared_like_a_whole_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At device scale the spec's pool passes 2^26 elements a layer and holds only the blocks
+    written (``spec.kv_memory.LAZY_ELEMENTS``): every comparison must read it as it reads a
+    whole one (a decode of 64 sequences at 2,048 tokens failed here with an IndexError)."""
+    monkeypatch.setattr(kv_memory, "LAZY_ELEMENTS", 0)
+    result = run_suite(
+        NumpyPagedBackend(), "numpy", run_seed=4, database=None, max_examples=4, passes=("short",)
+    )
+    assert result.passed, result.difference
+    assert result.stats.checks["whole-pool comparisons"] > 0

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.planted import selftest_scheduler as scheduler_suite_selftest
 from conformance.planted.schedulers import ENGINE_ONLY, PLANTED
 from conformance.scheduler.engine import EQUIVALENCE
 from conformance.scheduler.invariants import SchedulerInvariantError
@@ -76,22 +75,4 @@ def test_a_planted_bug_fails_with_a_shrunk_replay_that_fails_too(
         exec(compile(failure["replay_script"], "replay.py", "exec"), {})
     assert replayed.value.rule == failure["rule"] and str(replayed.value) == (
         f"step {failure['step']}: {failure['detail']}"
-    )
-
-
-def test_the_selftest_prints_a_line_per_planted_bug_and_a_count(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The planted half of the self-test's scheduler section.
-
-    (``test_conformance_selftest.py`` runs the whole self-test, the correct scheduler too.)
-    """
-    monkeypatch.setattr(scheduler_suite_selftest, "CORRECT", {})
-    lines: list[str] = []
-    assert scheduler_suite_selftest.scheduler_selftest(lines.append)
-    text = "\n".join(lines)
-    for label in PLANTED:
-        assert f"  caught  {label}\n          in example " in text
-    assert re.search(
-        rf"^schedulers: caught {len(PLANTED)}/{len(PLANTED)} in \d+\.\d s$", text, re.M
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.backends import PLANTED
 from conformance.planted.hidden import PLANTED_HIDDEN
 from conformance.planted.kernels import PLANTED_BOUNDS
+from conformance.planted.schedulers import PLANTED as SCHEDULER_BUGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +36,11 @@ def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
     assert f"bounds check: caught {len(PLANTED_BOUNDS)}/{len(PLANTED_BOUNDS)}" in done.stdout
     assert "correct backend torch (device contract): passes" in done.stdout
     assert "device contract: caught 1/1" in done.stdout
+    assert "correct scheduler spec.scheduler:ContinuousScheduler: passes" in done.stdout
+    for label in SCHEDULER_BUGS:
+        assert f"  caught  {label}\n          in example " in done.stdout
+    count = len(SCHEDULER_BUGS)
+    assert re.search(rf"^schedulers: caught {count}/{count} in \d+\.\d s$", done.stdout, re.M)
 
 
 def test_there_are_at_least_ten_distinct_planted_bugs() -> None:

@@ -171,7 +171,7 @@ def startup_check(choice: OracleChoice) -> None:
     from spec.block_manager import BlockManager
 
     manager = BlockManager(num_blocks=8, block_size=4)
-    memory = KVMemory(1, 8, 4, num_kv_heads=1, head_dim=8)
+    memory = KVMemory(1, 8, 4, num_kv_heads=1, head_dim=8, lazy=False)
     rng = np.random.default_rng(23)
 
     def append(seq: int, n: int) -> None:
