@@ -37,12 +37,15 @@ from typing import Any
 
 import numpy as np
 
+from conformance.lockstep.driver import SWEEP_EVERY
 from spec.kv_budget import cdiv
 
 BLOCK, HEADS, KV_HEADS, HEAD_DIM = 16, 32, 8, 128
 ORACLES = ("spec", "sent", "fast", "resident")
-DECODES = 4
-"""Decode steps timed per decode kind (the figures are their mean): one step is too noisy."""
+DECODES = SWEEP_EVERY
+"""Decode steps timed per decode kind (the figures are their mean): one step is too noisy, and
+the lockstep compares the whole pool once every :data:`SWEEP_EVERY` steps, so that many steps
+count that comparison at its share."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ def test_reference_conforms_and_writes_both_reports(
         "reference",
         "--seed",
         "3",
+        "--max-examples",
+        "20",
         "--no-database",
         "--report",
         str(report),

@@ -24,6 +24,7 @@ class TestMyBackendBySubclassing(BackendConformance):
 
     backend_ref = FILE_REF
     conformance_seed = 5
+    conformance_examples = 20  # the profile's 60 are `make conformance`'s; 20 keep make test fast
 
     @pytest.fixture
     def backend(self) -> Backend:
@@ -35,7 +36,8 @@ def test_way_1_cli_with_a_file_factory(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(ROOT)
-    assert main(["run", "--backend", FILE_REF, "--seed", "5", "--no-database"]) == 0
+    argv = ["run", "--backend", FILE_REF, "--seed", "5", "--max-examples", "20"]
+    assert main([*argv, "--no-database"]) == 0
     out = capsys.readouterr().out
     assert "PASSED" in out and "dtype bfloat16: not in the backend capabilities" in out
 
