@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from speculative_workloads import SPECULATIVE_WORKLOADS
 from variant_workloads import VARIANT_WORKLOADS
 
+import conformance.lockstep.driver as driver_module
 import spec.kv_memory as kv_memory
 from conformance.judges.compare import first_kv_difference, first_output_difference
 from conformance.judges.dtypes import round_to
@@ -28,10 +29,11 @@ from conformance.lockstep.workload import (
     large_pool_base,
     scale_for,
 )
-from conformance.planted.backends import PLANTED, OnlineSoftmaxNoRescale
+from conformance.planted.backends import PLANTED, OnlineSoftmaxNoRescale, WritesPaddingSlot
 from conformance.planted.selftest import SELFTEST_SEED
 from conformance.reports.report import replay_script
-from conformance.run.runner import run_suite
+from conformance.run.control import RunControl
+from conformance.run.runner import RunResult, run_suite
 from spec.attention import AttentionVariant
 from spec.backend import Backend, ReferenceBackend
 
@@ -367,3 +369,32 @@ def test_a_spec_pool_held_lazily_is_compared_like_a_whole_one(
     )
     assert result.passed, result.difference
     assert result.stats.checks["whole-pool comparisons"] > 0
+
+
+@pytest.mark.parametrize("backend", [NumpyPagedBackend, WritesPaddingSlot])
+def test_a_pool_read_back_in_parts_is_judged_as_one_read_whole(
+    backend: type[Backend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``READ_ELEMENTS`` a comparison reads the pool by blocks, a part at a time, so that a
+    device-scale pool is never copied whole: a correct backend still passes, and a bug is
+    reported with the same first difference as when the pool is read in one piece."""
+
+    def run() -> RunResult:
+        return run_suite(
+            backend(),
+            "b",
+            run_seed=7,
+            database=None,
+            max_examples=6,
+            passes=("short",),
+            control=RunControl(shrink=False),
+        )
+
+    whole = run()
+    monkeypatch.setattr(driver_module, "READ_ELEMENTS", 1)  # one block a read
+    parts = run()
+    assert parts.passed == whole.passed == (backend is NumpyPagedBackend)
+    if not whole.passed:
+        assert parts.difference is not None and whole.difference is not None
+        assert parts.difference.describe() == whole.difference.describe()
+    assert parts.stats.checks == whole.stats.checks

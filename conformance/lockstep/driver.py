@@ -146,6 +146,9 @@ WHOLE_POOL_SLOTS = 4096
 """Pools of at most this many slots are compared whole after every step."""
 SWEEP_EVERY = 8
 """Larger pools are compared whole every this many steps (and at the end)."""
+READ_ELEMENTS = 1 << 24
+"""Elements of K (and as many of V) read back at once in a comparison: a larger pool is read
+and compared by blocks, in parts of at most this many (128 MiB each as float64)."""
 BOUNDS_CHECKED = (
     "create_cache",
     "write_kv",
@@ -367,28 +370,49 @@ class Lockstep:
         owners = [self._owners(group) for group in range(g.num_groups)]
         b, row = g.block_size, (g.num_kv_heads, g.head_dim)
         slots = (np.asarray(ids, dtype=np.int64)[:, None] * b + np.arange(b)).reshape(-1)
+        chunk = self._read_chunk(len(ids))
         for layer in range(g.num_layers):
-            got = self._read(layer, ids)
-            want = self.memory.read_blocks(layer, ids)  # a lazy pool (past 2^26 elements) too
-            for name, spec, actual in zip("KV", want, got, strict=True):
-                diff = first_kv_difference(
-                    self.step_index,
-                    layer,
-                    name,
-                    spec.reshape(-1, *row),
-                    actual.reshape(-1, *row),
-                    owners[g.group_of(layer)],
-                    b,
-                    slots=slots,
-                    block_offset=self.base,
-                )
-                if diff is not None:
-                    raise ConformanceFailure(self._named(diff, layer), self.log)
+            found: dict[str, list[Difference]] = {"K": [], "V": []}
+            for lo in range(0, len(ids), chunk):
+                part = ids[lo : lo + chunk]
+                got = self._read(layer, part)
+                want = self.memory.read_blocks(layer, part)  # a lazy pool (2^26 elements) too
+                for name, spec, actual in zip("KV", want, got, strict=True):
+                    diff = first_kv_difference(
+                        self.step_index,
+                        layer,
+                        name,
+                        spec.reshape(-1, *row),
+                        actual.reshape(-1, *row),
+                        owners[g.group_of(layer)],
+                        b,
+                        slots=slots[lo * b : (lo + len(part)) * b],
+                        block_offset=self.base,
+                    )
+                    if diff is not None:
+                        found[name].append(diff)
+            for diffs in found.values():
+                if diffs:  # a live token's first (as one read would), else the first slot
+                    live = [d for d in diffs if d.seq_id is not None]
+                    first = (
+                        min(live, key=lambda d: (d.seq_id or 0, d.token or 0)) if live else diffs[0]
+                    )
+                    raise ConformanceFailure(self._named(first, layer), self.log)
             self._check_guards(layer)
         self.checks["K and V slots compared exactly"] += 2 * g.num_layers * len(ids) * b
         if blocks is None:
             self.checks["whole-pool comparisons"] += 1
         self._check_spec_truth(None if blocks is None else seq_ids)
+
+    def _read_chunk(self, num_blocks: int) -> int:
+        """Blocks per read of a comparison: all of them, unless they pass
+        :data:`READ_ELEMENTS` and the backend reads by blocks (a device-scale pool read
+        whole would be gigabytes, twice: the backend's copy and the spec's)."""
+        g = self.config.geometry
+        per_block = g.block_size * g.num_kv_heads * g.head_dim
+        if num_blocks * per_block <= READ_ELEMENTS or self._read_blocks is None:
+            return max(num_blocks, 1)
+        return max(1, READ_ELEMENTS // per_block)
 
     def _check_guards(self, layer: int) -> None:
         """The guard blocks around a large pool's workload still hold their primed values."""

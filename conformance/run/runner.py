@@ -123,7 +123,7 @@ PROFILES = {
     p.name: p
     for p in (
         Profile(
-            "quick", 60, 20, 5, "the default: 1.5 minutes on 2 CPU cores (--jobs 2), Triton interpreted"
+            "quick", 60, 20, 5, "the default: 1.5 minutes on 2 CPUs (--jobs 2), Triton interpreted"
         ),
         Profile(
             "standard", 300, 40, 25, "before a release or after a kernel change", 8, 4, 3, 3, 12
