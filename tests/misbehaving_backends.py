@@ -185,3 +185,28 @@ class ReturnsLiveViews(_Float32Only):
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
         return self._k[layer], self._v[layer]
+
+
+_caches = 0
+
+
+class WrongThenExitsWhileShrinking(_Float32Only):
+    """Every output off by one; the process exits at its second cache: as shrinking starts."""
+
+    def create_cache(self, geometry: KVGeometry) -> None:
+        global _caches
+        _caches += 1
+        if _caches == 2:
+            os._exit(3)
+        super().create_cache(geometry)
+
+    def attention(
+        self,
+        layer: int,
+        query: FloatArray,
+        batch: BatchMetadata,
+        scale: float,
+        *,
+        variant: AttentionVariant | None = None,
+    ) -> FloatArray:
+        return super().attention(layer, query, batch, scale, variant=variant) + 1.0

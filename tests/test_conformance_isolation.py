@@ -201,3 +201,21 @@ def test_a_real_ctrl_c_in_process_stops_the_run() -> None:
             run_suite(backend, "hangs", run_seed=1, database=None, max_examples=2)
     finally:
         timer.cancel()
+
+
+def test_a_crash_while_shrinking_keeps_the_failure_found_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The child tells the parent of a failure before it shrinks it: when the backend then
+    crashes on a smaller workload, the report leads with that failure, unshrunk, and lists the
+    crash after it (a GPU kernel's illegal access or out-of-memory while shrinking)."""
+    status, data, _ = _cli(tmp_path, "WrongThenExitsWhileShrinking")
+    out = capsys.readouterr().out
+    assert status == 1
+    assert data["failure"]["kind"] == "output"
+    assert "exited with status 3" in data["failure"]["shrink_note"]
+    assert "while shrinking it" in data["failure"]["shrink_note"]
+    kinds = [f["kind"] for f in data["failures"]]
+    assert kinds == ["output", "crash"], kinds
+    assert "ls.step(" in data["failure"]["replay_script"]
+    assert "first difference: output" in out or "first difference: " in out

@@ -172,8 +172,10 @@ class LockstepMachine(RuleBasedStateMachine):
         draw_only: bool = False,
         defer_failure: bool = False,
         oracle: OracleChoice | None = None,
+        on_found: Callable[[ConformanceFailure], None] | None = None,
     ) -> None:
         super().__init__()
+        self.on_found = on_found  # told of the run's first failure, before any shrinking
         self.oracle = oracle  # the run's reference settings (None: the backend device's default)
         self.backend = backend
         self.draw_only = draw_only  # another shard's example: the spec's bookkeeping alone
@@ -246,7 +248,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 oracle=self.oracle,
             )
         except ConformanceFailure as failure:
-            self.stats.note_failure()
+            self._found(failure)
             if not self.defer_failure:
                 raise
             self.deferred = failure
@@ -641,8 +643,8 @@ class LockstepMachine(RuleBasedStateMachine):
                 self.stats.rules["prefix-cache evictions (spec pool)"] += pool.num_evictions
                 try:
                     self.lockstep.finish()
-                except ConformanceFailure:
-                    self.stats.note_failure()
+                except ConformanceFailure as failure:
+                    self._found(failure)
                     raise
         finally:
             self.on_example()
@@ -716,7 +718,7 @@ class LockstepMachine(RuleBasedStateMachine):
         try:
             ran = set(self.ls.step(schedule, drafts))
         except ConformanceFailure as failure:
-            self.stats.note_failure()
+            self._found(failure)
             if not self.defer_failure:
                 raise
             ran = self._defer(failure, before)
@@ -727,6 +729,13 @@ class LockstepMachine(RuleBasedStateMachine):
             longest = max(self.ls.manager.num_tokens(s) for s in ran)
             self.stats.longest = max(self.stats.longest, longest)
         return schedule[0][0] in ran
+
+    def _found(self, failure: ConformanceFailure) -> None:
+        """A failure: counted; the run's first is told at once (shrinking may never end)."""
+        first = self.stats.first_failure_example is None
+        self.stats.note_failure()
+        if first and self.on_found is not None:
+            self.on_found(failure)
 
     def _defer(self, failure: ConformanceFailure, before: dict[int, int]) -> set[int]:
         """Keep ``failure`` for the teardown; go on through the spec alone; the step's sequences.

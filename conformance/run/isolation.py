@@ -399,9 +399,16 @@ class BackendChild(ChildProcess[RunResult, RunStats]):
         self, request: Request, progress: Callable[[str], None], output: Callable[[str], None]
     ) -> None:
         self.request = request
+        self.found: tuple[Difference, list[str]] | None = None  # the first failure, unshrunk
         worker = "conformance.run.worker"
         timeout = request.control.call_timeout_s
         super().__init__(worker, asdict(request), timeout, progress, output, RunStats())
+
+    def on_other(self, kind: str, event: dict[str, Any]) -> None:
+        """``found``: the first failure, sent before shrinking began (kept, in case the child
+        dies while shrinking it)."""
+        if kind == "found" and self.found is None:
+            self.found = (event["difference"], list(event["workload"]))
 
     def outcome(self) -> RunResult:
         """The child's result, or one built from what it sent before it hung or crashed."""
@@ -423,16 +430,23 @@ class BackendChild(ChildProcess[RunResult, RunStats]):
         )
         result.diagnostics = self.diagnostics()
         result.stats.note_failure()
-        if result.failures:  # earlier passes failed first: they stay the headline
-            later = PassFailure(
-                "in flight",
-                result.difference,
-                tuple(result.workload),
-                False,
-                result.shrink_note,
-                False,
-                result.stats.examples,
-            )
+        name = result.passes[-1][0] if result.passes else "in flight"
+        later = PassFailure(
+            name,
+            result.difference,
+            tuple(result.workload),
+            False,
+            result.shrink_note,
+            False,
+            result.stats.examples,
+        )
+        if self.found is not None:  # it died shrinking a failure: that one first, as found
+            difference, workload = self.found
+            cause = stop.detail.split(" during ")[0].split(" before ")[0]
+            note = f"not shrunk: {cause} while shrinking it (the next failure)"
+            found = PassFailure(name, difference, tuple(workload), False, note, False, None)
+            result.failures.append(found)
+        if result.failures:  # earlier failures stay the headline; the crash or hang follows
             headline_first(result, later)
         return result
 

@@ -14,17 +14,21 @@ ret                                       that call returned (or raised)
 progress   line                           a progress line for the person waiting
 start      result                         the run's :class:`~conformance.run.runner.RunResult`
                                           before any example (seed, capabilities, skips),
-                                          and again after each failing pass (its failures)
+                                          and again as each pass starts and after each
+                                          failing pass (its failures)
 stats      stats                          :class:`~conformance.lockstep.machine.RunStats` after
                                           each example
 result     result                         the final result
 setup      message                        a setup error (the parent exits 2)
+found      difference, workload           the run's first failure, as found, before it
+                                          is shrunk (a child that dies while shrinking
+                                          still has it reported)
 workload   workload                       the scheduler suite: the workload it runs now
 ========== ============================== ==============================================
 
 So the parent always holds the workload so far, the call in flight and the
 coverage so far, and can report a crash or a hang without the child's help.
-Objects (``result``, ``stats``) travel as base64 pickles of this project's
+Objects (``result``, ``stats``, ``difference``) travel as base64 pickles of this project's
 classes only: capabilities are rebuilt as a plain
 :class:`~spec.capabilities.Capabilities` without the ``excludes`` hook, so the parent
 never imports the backend's code.
@@ -46,7 +50,7 @@ from typing import Any
 
 from spec.capabilities import Capabilities
 
-_OBJECTS = ("result", "stats", "workload")
+_OBJECTS = ("result", "stats", "workload", "difference")
 """Message fields that carry Python objects rather than JSON values."""
 
 

@@ -278,6 +278,7 @@ def run_suite(
                 break
             name = _pass_name(plan_now)
             result.passes.append((name, count))
+            watch.send({"t": "start", "result": result})  # the parent knows the pass under way
             suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
             db = open_database(database, backend_ref + suffix)
             shrink = control.shrink and not result.failures  # later failures: as found
@@ -572,7 +573,16 @@ def _run_pass(
         if split.draw_only(result.stats):
             return LockstepMachine(backend, plan, RunStats(), lambda: None, draw_only=True)
         return LockstepMachine(
-            backend, plan, result.stats, tick, bounds, defer_failure=split.active, oracle=oracle
+            backend,
+            plan,
+            result.stats,
+            tick,
+            bounds,
+            defer_failure=split.active,
+            oracle=oracle,
+            on_found=lambda f: watch.send(
+                {"t": "found", "difference": f.difference, "workload": list(f.log)}
+            ),
         )
 
     if not split.shared:
