@@ -85,6 +85,13 @@ def layer_cache(
         return memory.layer_cache(layer)
     if choice.device == "cpu" and not memory.lazy:
         return PagedKV.from_memory(memory, layer, "cpu")
+    return sent_cache(choice, memory, layer, batch, group)
+
+
+def sent_cache(
+    choice: OracleChoice, memory: KVMemory, layer: int, batch: BatchMetadata, group: int
+) -> PagedKV:
+    """The blocks of ``layer`` that the step reads, copied to the oracle's device."""
     blocks = sorted({b for row in batch.tables(group) for b in row if b != PAD_BLOCK})
     return PagedKV.from_memory(memory, layer, choice.device, blocks=blocks)
 

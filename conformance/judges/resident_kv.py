@@ -84,9 +84,8 @@ class ResidentKV(KVMemory):
 
     def write(self, layer: int, key: Any, value: Any, slot_mapping: Sequence[int]) -> None:
         """The spec's write, then the blocks it touched sent to the device."""
-        super().write(
-            layer, key, value, slot_mapping
-        )  # every check first: bad input changes nothing
+        # the spec's checks first: bad input changes neither copy
+        super().write(layer, key, value, slot_mapping)
         slots = check_slot_mapping(slot_mapping, self.num_slots)
         touched = np.unique(slots[slots != PAD_SLOT] // self.shape[1])
         self._send(layer, [int(b) for b in touched])
@@ -142,9 +141,10 @@ class ResidentKV(KVMemory):
                     grown = self._empty(size)
                     grown[:capacity] = old
                     pair[which] = grown
-        for pair in self._copies:
-            for copy in pair:
-                copy[first : len(self.block_ids)] = float("nan")
+        if len(self.block_ids) > first:
+            for pair in self._copies:
+                for copy in pair:
+                    copy[first:] = float("nan")
         return [self._row[b] for b in blocks]
 
     def _empty(self, rows: int) -> Any:

@@ -27,7 +27,7 @@ from conformance.errors import SetupError
 from conformance.lockstep.machine import RunStats
 from conformance.run.failures import PassFailure
 from conformance.run.isolation import BackendChild, Request, run_together, to_stderr
-from conformance.run.runner import RunResult, restore_headline
+from conformance.run.runner import RunResult, restore_headline, take_failure
 
 MAX_JOBS = 64
 """More jobs than this at once is a mistake (each holds a backend and a GiB or so)."""
@@ -97,18 +97,7 @@ def _failures(result: RunResult) -> list[PassFailure]:
     """A job's failing passes; a hang or crash with no failure before it counts as one."""
     if result.failures or result.difference is None:
         return list(result.failures)
-    return [
-        PassFailure(
-            "in flight",
-            result.difference,
-            tuple(result.workload),
-            result.shrunk,
-            result.shrink_note,
-            result.flaky,
-            result.stats.first_failure_example,
-            result.nondeterminism,
-        )
-    ]
+    return [take_failure(result, "in flight")]
 
 
 def _tagged(progress: Callable[[str], None], tag: str) -> Callable[[str], None]:

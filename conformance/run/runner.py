@@ -283,13 +283,12 @@ def run_suite(
             db = open_database(database, backend_ref + suffix)
             shrink = control.shrink and not result.failures  # later failures: as found
             config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
-            share = _Split(shard, claims, offset=sum(n for _, n in result.passes[:-1]))
-            _run_pass(result, backend, plan_now, config, tick, clock, watch, share, bounds, oracle)
+            _run_pass(result, backend, plan_now, config, tick, clock, watch, claims, bounds, oracle)
             if result.difference is not None and control.shrink and not shrink:
                 result.shrink_note = LATER_NOT_SHRUNK
             if result.difference is not None:
                 _note_shrinking(result, clock)
-                result.failures.append(_take_failure(result, name))
+                result.failures.append(take_failure(result, name))
                 if not control.every_pass or result.difference.what in FATAL:
                     break
                 _clear_failure(result, clock)
@@ -335,7 +334,7 @@ def _refuse_unchecked(result: RunResult, bounds: BoundsChecker | None) -> None:
     )
 
 
-def _take_failure(result: RunResult, pass_name: str) -> PassFailure:
+def take_failure(result: RunResult, pass_name: str) -> PassFailure:
     """The failing pass as found: its difference, workload and how it was shrunk."""
     return PassFailure(
         pass_name,
@@ -554,7 +553,7 @@ def _run_pass(
     tick: Callable[[], None],
     clock: _Clock,
     watch: RunWatch,
-    split: _Split,
+    claims: Claims | None,
     bounds: BoundsChecker | None = None,
     oracle: OracleChoice | None = None,
 ) -> None:
@@ -566,6 +565,7 @@ def _run_pass(
     through the spec alone (:class:`_Split`). One factory serves every run, so
     that all of them share one place in the database.
     """
+    split = _Split(result.shard, claims, offset=sum(n for _, n in result.passes[:-1]))
 
     def factory() -> LockstepMachine:
         if not clock.may_start_example():
