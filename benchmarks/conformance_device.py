@@ -8,15 +8,18 @@ eager torch backend (head dim 128, 32 query heads on 8 KV heads, blocks of
 (``spec``); the fast reference reading the blocks it needs sent afresh at
 every step (``sent``: what a reference on a GPU did before the resident copy,
 here a host-to-host copy); the fast reference reading the spec's memory in
-place (``fast``: what it does on a CPU); and reading the resident copy that
-only new K and V reach (``resident``: what it does on a GPU,
-:mod:`conformance.judges.resident_kv`). Each run is a fresh child process, so
-the peak resident memory it prints (``ru_maxrss``) is that run's, setup
-included; **KV sent** is what the step sent to the oracle's device.
+place (``fast``: what it does on a CPU; a pool held lazily, as every one at
+full scale is, is read from a resident copy there too); and reading the
+resident copy that only new K and V reach (``resident``: what it does on a
+GPU, :mod:`conformance.judges.resident_kv`). Each run is a fresh child process; the
+peak resident memory it prints is the child's over the timed steps (the pools
+and state they start from included, the building of that state not: the peak
+is reset after it); **KV sent** is what the step sent to the oracle's device.
 
-For each it prints the backend's time, the suite's own time split into
-**reference** (both references of the step), **comparison** (KV and output
-comparisons, the numerics) and **bookkeeping** (the spec's block manager and
+For each it prints the backend's time (its writes, copies and attention),
+the suite's own time split into **reference** (both references of the
+step), **comparison** (KV and output comparisons, the backend's reads of its
+cache for them, the numerics) and **bookkeeping** (the spec's block manager and
 memory, ground truth, everything else), and suite / backend, per step (for a
 decode, the mean of :data:`DECODES` steps). The state before the timed steps
 (the prompts' prefill) is built first and not timed.
@@ -29,7 +32,6 @@ and gigabytes with the numpy reference on a shared CPU.
 from __future__ import annotations
 
 import multiprocessing as mp
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +44,8 @@ from spec.kv_budget import cdiv
 
 BLOCK, HEADS, KV_HEADS, HEAD_DIM = 16, 32, 8, 128
 ORACLES = ("spec", "sent", "fast", "resident")
+SETUP_TOKENS = 8192
+"""Tokens a step of the (untimed) prefill that builds the state before the timed steps."""
 DECODES = SWEEP_EVERY
 """Decode steps timed per decode kind (the figures are their mean): one step is too noisy, and
 the lockstep compares the whole pool once every :data:`SWEEP_EVERY` steps, so that many steps
@@ -115,15 +119,22 @@ class _Clock:
         return timed
 
 
+_READS = ("read_cache", "read_blocks")
+"""Backend calls made only to compare its cache with the spec's: the suite's comparison."""
+
+
 class _TimedBackend:
-    """The backend with every call's time added to the clock's ``backend`` part."""
+    """The backend with every call's time added to the clock's ``backend`` part, but the
+    reads the comparison makes (:data:`_READS`), which are the suite's."""
 
     def __init__(self, inner: Any, clock: _Clock) -> None:
         self.inner, self.clock = inner, clock
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
-        return self.clock.wrap("backend", attr) if callable(attr) else attr
+        if not callable(attr):
+            return attr
+        return self.clock.wrap("comparison" if name in _READS else "backend", attr)
 
 
 def _patch(clock: _Clock, oracle: str) -> None:
@@ -169,12 +180,12 @@ def _child(kind: Kind, oracle: str, out: mp.Queue[Split]) -> None:
     done = kind.context - kind.queries
     for s, prompt in prompts.items():
         ls.add(s, prompt)
-    chunk = max(kind.queries, 512)
-    for lo in range(0, done, chunk):  # the state before the timed step: not timed
-        ls.step([(s, p[lo : min(lo + chunk, done)]) for s, p in prompts.items()])
+    for work in _setup_steps(prompts, done):  # the state before the timed steps: not timed
+        ls.step(work)
     for part in clock.parts:
         clock.parts[part] = 0.0
     clock.sent = 0.0
+    _reset_peak()
     before = ls.memory.sent_bytes if isinstance(ls.memory, ResidentKV) else 0
     steps = [[(s, p[done:]) for s, p in prompts.items()]]
     if kind.queries == 1:  # decodes: more steps of one token each, the mean per step
@@ -184,10 +195,40 @@ def _child(kind: Kind, oracle: str, out: mp.Queue[Split]) -> None:
         ls.step(work)
     n = len(steps)
     total = (time.perf_counter() - start) / n
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+    peak = _peak()
     p = {part: seconds / n for part, seconds in clock.parts.items()}
     sent = clock.sent + (ls.memory.sent_bytes - before if isinstance(ls.memory, ResidentKV) else 0)
     out.put(Split(p["backend"], p["reference"], p["comparison"], total, peak, sent / n))
+
+
+def _setup_steps(prompts: dict[int, list[int]], done: int) -> list[list[tuple[int, list[int]]]]:
+    """Steps prefilling each prompt's first ``done`` tokens, at most :data:`SETUP_TOKENS` a step,
+    so that building the state (not timed) does not peak above the timed steps."""
+    if done == 0:
+        return []
+    chunk = min(done, SETUP_TOKENS)
+    per_step = max(1, SETUP_TOKENS // chunk)
+    seqs = list(prompts)
+    return [
+        [(s, prompts[s][lo : min(lo + chunk, done)]) for s in seqs[i : i + per_step]]
+        for i in range(0, len(seqs), per_step)
+        for lo in range(0, done, chunk)
+    ]
+
+
+def _reset_peak() -> None:
+    """Start this process's peak resident memory afresh (Linux: ``clear_refs`` 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak() -> float:
+    """This process's peak resident memory in bytes since :func:`_reset_peak`."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) * 1024.0
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def measure(kind: Kind, oracle: str) -> Split:

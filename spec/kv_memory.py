@@ -58,6 +58,15 @@ LAZY_ELEMENTS = 2**26
 """Pools of more elements than this per layer (K or V) hold only the blocks written."""
 
 
+def held_lazily(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether a pool of this shape holds only the blocks written (past :data:`LAZY_ELEMENTS`).
+
+    >>> held_lazily(1 << 20, 16, 8, 128), held_lazily(1024, 16, 8, 128)
+    (True, False)
+    """
+    return num_blocks * block_size * num_kv_heads * head_dim > LAZY_ELEMENTS
+
+
 class _LazyBlocks:
     """One layer's K or V, block by block as first written; a block never written reads as NaN."""
 
@@ -122,8 +131,7 @@ class KVMemory:
         shape = (rest[0], rest[1], rest[2], rest[3])
         self.shape = shape
         self.num_layers = num_layers
-        elements = shape[0] * shape[1] * shape[2] * shape[3]
-        self.lazy = elements > LAZY_ELEMENTS if lazy is None else bool(lazy)
+        self.lazy = held_lazily(*shape) if lazy is None else bool(lazy)
         self.k: list[F64] = []
         self.v: list[F64] = []
         self._lazy: list[tuple[_LazyBlocks, _LazyBlocks]] = []

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.conformance import main
-from benchmarks.conformance_device import BLOCK, DECODES, KINDS, ORACLES, measure
+from benchmarks.conformance_device import (
+    BLOCK,
+    DECODES,
+    KINDS,
+    ORACLES,
+    SETUP_TOKENS,
+    _setup_steps,
+    measure,
+)
 
 
 def test_a_device_shape_step_splits_the_suites_time_and_measures_its_memory() -> None:
@@ -39,3 +47,20 @@ def test_the_oracles_must_be_known(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--oracles: expected some of spec, sent, fast, resident, got 'fast,gpu'" in (
         capsys.readouterr().err
     )
+
+
+def test_the_untimed_state_is_built_in_steps_of_bounded_tokens() -> None:
+    """Each prompt's first ``done`` tokens, in order, one chunk per sequence a step, at most
+    ``SETUP_TOKENS`` tokens a step (the backend's own prefill then peaks no higher)."""
+    prompts = {s: list(range(100 * s, 100 * s + 90)) for s in range(5)}
+    steps = _setup_steps(prompts, 70)
+    seen: dict[int, list[int]] = {s: [] for s in prompts}
+    for work in steps:
+        assert sum(len(chunk) for _, chunk in work) <= SETUP_TOKENS
+        assert len({s for s, _ in work}) == len(work)
+        for s, chunk in work:
+            seen[s] += chunk
+    assert seen == {s: p[:70] for s, p in prompts.items()}
+    assert _setup_steps(prompts, 0) == []
+    many = _setup_steps({0: list(range(3 * SETUP_TOKENS))}, 2 * SETUP_TOKENS + 5)
+    assert [len(w[0][1]) for w in many] == [SETUP_TOKENS, SETUP_TOKENS, 5]

@@ -398,3 +398,32 @@ def test_a_pool_read_back_in_parts_is_judged_as_one_read_whole(
         assert parts.difference is not None and whole.difference is not None
         assert parts.difference.describe() == whole.difference.describe()
     assert parts.stats.checks == whole.stats.checks
+
+
+def _truth_corrupted_at(ls: Lockstep, seq_id: int, position: int) -> None:
+    """Make the suite's ground truth of one token differ from what the spec holds."""
+    _, k, _ = ls._truth._kept[(seq_id, 0)]
+    k[position] += 1.0
+
+
+def test_the_spec_is_checked_against_the_truth_where_a_step_wrote_and_at_each_sweep() -> None:
+    """On a large pool a step checks the spec's KV from its sequences' first block it wrote on
+    (re-reading whole contexts cost more than the attention), and a sweep checks every token:
+    a difference in a block the step wrote is found at once, one elsewhere at the next sweep."""
+    ls = Lockstep(NumpyPagedBackend(), _config(layers=1), whole_pool_slots=0)
+    prompt = list(range(1, 10))  # blocks of 4: positions 8.. are in the third block
+    ls.add(0, prompt)
+    ls.step([(0, prompt)])
+    _truth_corrupted_at(ls, 0, 0)  # the first block: the next decode does not write it
+    ls.step([(0, [3])])
+    assert ls.checks["spec KV equals the tokens' ground truth"] < 2 * len(prompt)
+    _truth_corrupted_at(ls, 0, 9)  # the decode's own block
+    with pytest.raises(AssertionError, match="sequence 0, layer 0 is not what was written"):
+        ls.step([(0, [4])])
+
+    ls = Lockstep(NumpyPagedBackend(), _config(layers=1), whole_pool_slots=0)
+    ls.add(0, prompt)
+    ls.step([(0, prompt)])
+    _truth_corrupted_at(ls, 0, 0)
+    with pytest.raises(AssertionError, match="is not what was written"):
+        ls.check_cache()  # what a sweep (every SWEEP_EVERY steps) and finish() run

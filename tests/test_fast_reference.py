@@ -278,7 +278,8 @@ def test_a_planted_bug_is_caught(
     def run(ex: Example) -> None:
         check_example(ex)
 
-    with _planted(monkeypatch, bug), pytest.raises(AssertionError):
+    # A window one wider may also read a block its group released: refused, so caught too.
+    with _planted(monkeypatch, bug), pytest.raises((AssertionError, UnknownBlockError)):
         run()
 
 

@@ -16,15 +16,19 @@ otherwise) in tiles whose temporaries stay under a memory limit
   to the activation dtype, the unnormalised probabilities ``exp(s - max)``
   rounded before ``P @ V`` and divided by their unrounded sum.
 
-**Two passes, the spec's maximum.** The first walk over an item's key tiles
-finds each row's maximum score (with the sink); the second computes
-``exp(s - max)`` against it, so every probability, and every rounding of one,
-is the spec's. Only the order of summation differs: where the spec sums a
-row at once, tiles add partial sums, and an item of more than one key tile
-divides ``sum(p v)`` by the total once at the end instead of normalising
-first. In float64 that moves outputs by a few ulps; in float32 by a few
-float32 ulps, as any honest kernel's order does. An item whose keys fit in one
-tile (every decode at usual context lengths) is computed in the spec's order.
+**One tile in the spec's order; more, by two passes or one.** An item whose
+keys fit in one tile (every decode at the envelope's context lengths) is
+computed in the spec's order. Over several key tiles, the same-precision
+arithmetic walks them twice: the first walk finds each row's maximum score
+(with the sink), the second computes ``exp(s - max)`` against it, so every
+probability, and every rounding of one to the activation dtype, is the
+spec's. The float64 arithmetic rounds no probability, so it walks the tiles
+once with an online softmax: a row's running sum and ``sum(p v)`` are
+rescaled by ``exp(old - new)`` when its maximum grows (a pass of matrix
+products fewer). Both differ from the spec only in the order of sums and
+those rescalings, and divide ``sum(p v)`` by the total once at the end
+instead of normalising first: in float64 that moves outputs by a few ulps, in
+float32 by a few float32 ulps, as any honest kernel's order does.
 
 It is trusted because it is checked: ``tests/test_fast_reference.py`` compares
 it with the spec over every variant, dtype, GQA ratio, block size, window
@@ -405,8 +409,9 @@ class _Launcher:
         self.query, self.tables, self.shape, self.precision = query, tables, shape, precision
         b, h_kv, d = kv.key.shape[1], kv.key.shape[2], kv.key.shape[3]
         self.block = b
-        self.k_flat = kv.key.reshape(-1, h_kv, d)
-        self.v_flat = kv.value.reshape(-1, h_kv, d)
+        self.k_flat = kv.key.reshape(-1, d)  # row slot * H_kv + h: one head of one slot
+        self.v_flat = kv.value.reshape(-1, d)
+        self.kv_head = torch.arange(h_kv, device=self.dev).view(1, -1, 1)
         self.kv_scales = None if kv.scales is None else tuple(_f32(s) for s in kv.scales)
         self.scale = _f32(scale) if precision.compute == "float32" else scale
         self.window = variant.window
@@ -436,7 +441,12 @@ class _Launcher:
         k_tile = min(k_tile, span)
         ctx = _Tile(arrays, qpos, q, s, n, k_tile)
         num_tiles = -(-span // k_tile)
-        mixed = self._one_tile(ctx) if num_tiles == 1 else self._two_passes(ctx, num_tiles)
+        if num_tiles == 1:
+            mixed = self._one_tile(ctx)
+        elif self.precision.round_p is None:
+            mixed = self._online(ctx, num_tiles)
+        else:
+            mixed = self._two_passes(ctx, num_tiles)
         out = mixed.view(s, sh.kv_heads, g, n, sh.head_dim).permute(0, 3, 1, 2, 4)
         out = out.reshape(s, n, sh.heads, sh.head_dim)
         keep = t.arange(n, device=dev)[None] < arrays["count"][:, None]
@@ -448,7 +458,7 @@ class _Launcher:
         top = self._top(scores.amax(dim=-1, keepdim=True))
         p = scores.sub_(top).exp_()
         total = self._with_sink(p.sum(dim=-1, keepdim=True), top)
-        v = self._gather(self.v_flat, ctx, kpos, valid, 1).permute(0, 2, 1, 3)
+        v = self._gather(self.v_flat, ctx, kpos, valid, 1)
         if self.precision.round_p is None:
             return p.div_(total).view(ctx.s, self.shape.kv_heads, -1, ctx.k_tile) @ v
         return self._mix(p, v, ctx) / total.view(ctx.s, self.shape.kv_heads, -1, 1)
@@ -466,9 +476,31 @@ class _Launcher:
             scores, kpos, valid = self._scores(ctx, j)
             p = scores.sub_(top).exp_()
             total += p.sum(dim=-1, keepdim=True)
-            v = self._gather(self.v_flat, ctx, kpos, valid, 1).permute(0, 2, 1, 3)
+            v = self._gather(self.v_flat, ctx, kpos, valid, 1)
             part = self._mix(p, v, ctx)
             acc = part if acc is None else acc.add_(part)
+        total = self._with_sink(total, top)
+        return acc / total.view(ctx.s, self.shape.kv_heads, -1, 1)
+
+    def _online(self, ctx: _Tile, num_tiles: int) -> Any:
+        """One walk: running maxima, sums and ``P @ V``, rescaled by ``exp(old - new)`` as a
+        row's maximum grows (no probability is rounded, so a rescaled one is as good)."""
+        t = self.t
+        rows = (ctx.s, self.shape.heads, ctx.n, 1)
+        top = self._top(t.full(rows, -math.inf, dtype=self.cdt, device=self.dev))
+        total, acc = t.zeros_like(top), None
+        for j in range(num_tiles):
+            scores, kpos, valid = self._scores(ctx, j)
+            new = t.maximum(top, scores.amax(dim=-1, keepdim=True))
+            shift = new.masked_fill(new == -math.inf, 0.0)  # a row that sees no key yet
+            p = scores.sub_(shift).exp_()
+            grow = (top - shift).exp_()  # 1 where the maximum held, 0 before the first key
+            total.mul_(grow).add_(p.sum(dim=-1, keepdim=True))
+            v = self._gather(self.v_flat, ctx, kpos, valid, 1)
+            part = self._mix(p, v, ctx)
+            grow = grow.view(ctx.s, self.shape.kv_heads, -1, 1)
+            acc = part if acc is None else acc.mul_(grow).add_(part)
+            top = new
         total = self._with_sink(total, top)
         return acc / total.view(ctx.s, self.shape.kv_heads, -1, 1)
 
@@ -493,8 +525,8 @@ class _Launcher:
         t, sh = self.t, self.shape
         kpos = ctx.arrays["lo"][:, None] + j * ctx.k_tile + t.arange(ctx.k_tile, device=self.dev)
         valid = kpos < ctx.arrays["hi"][:, None]  # [S, k_tile]
-        k = self._gather(self.k_flat, ctx, kpos, valid, 0).permute(0, 2, 3, 1)  # [S, H_kv, D, k]
-        scores = (ctx.q @ k).view(ctx.s, sh.heads, ctx.n, ctx.k_tile)
+        k = self._gather(self.k_flat, ctx, kpos, valid, 0)  # [S, H_kv, k, D]
+        scores = (ctx.q @ k.transpose(-1, -2)).view(ctx.s, sh.heads, ctx.n, ctx.k_tile)
         del k
         scores.mul_(self.scale)
         if self.cap is not None:
@@ -505,23 +537,34 @@ class _Launcher:
         visible = (kpos[:, None, :] <= ctx.qpos[:, :, None]) & valid[:, None, :]  # [S, n, k]
         if self.window is not None:
             visible &= kpos[:, None, :] > ctx.qpos[:, :, None] - self.window
-        scores.masked_fill_(~visible[:, None], -math.inf)
+        if not bool(visible.all()):  # most tiles of a long prefill lie wholly in view
+            scores.masked_fill_(~visible[:, None], -math.inf)
         return scores, kpos, valid
 
     def _gather(self, flat: Any, ctx: _Tile, kpos: Any, valid: Any, which: int) -> Any:
-        """K or V at ``kpos``, ``[S, k, H_kv, D]``, as read: dequantised, rounded, 0 past ``hi``."""
+        """K or V at ``kpos``, ``[S, H_kv, k, D]`` in the compute dtype, as read: dequantised,
+        rounded, 0 past ``hi``.
+
+        Gathered head-major, one row of ``D`` per slot and head, so that ``q @ k^T`` and
+        ``P @ V`` are plain batched products: gathering by slot and then transposing the
+        tile cost more than both products. Only a scaled or rounded read goes through
+        float64; a float16, bfloat16 or float32 value is exact in either compute dtype.
+        """
         t = self.t
         table = self.tables[ctx.arrays["seq"]]  # [S, W]
         column = (kpos // self.block).clamp(max=table.shape[1] - 1)
-        slot = table.gather(1, column) * self.block + kpos % self.block
-        x = flat[t.where(valid, slot, 0)].to(t.float64)
-        if self.kv_scales is not None:
-            x = x * self.kv_scales[which]
-        if self.precision.round_kv is not None:
-            x = self._round(x, self.precision.round_kv)
+        slot = t.where(valid, table.gather(1, column) * self.block + kpos % self.block, 0)
+        rows = (slot[:, None, :] * self.kv_head.shape[1] + self.kv_head).reshape(-1)
+        x = flat.index_select(0, rows).view(ctx.s, self.shape.kv_heads, ctx.k_tile, -1)
+        if self.kv_scales is not None or self.precision.round_kv is not None:
+            x = x.to(t.float64)
+            if self.kv_scales is not None:
+                x = x * self.kv_scales[which]
+            if self.precision.round_kv is not None:
+                x = self._round(x, self.precision.round_kv)
         x = x.to(self.cdt)
         if which == 1:  # a key past ``hi`` is masked; a value there gets weight 0, so make it 0
-            x.masked_fill_(~valid[:, :, None, None], 0.0)
+            x.masked_fill_(~valid[:, None, :, None], 0.0)
         return x
 
 
