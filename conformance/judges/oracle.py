@@ -58,11 +58,11 @@ FAST_THRESHOLD = 1 << 25
 """Steps costing at least this many query x key x head products go to the fast reference.
 
 33.5 million: where the spec's float64 scores of one step reach 256 MiB (it
-holds several such temporaries at once). Below it, on a CPU, the spec is as
-fast as the tiled reference or faster (measured: a prefill of 1,100 tokens
-with 8 heads, 0.6 s of CPU against 1.0 s), so every step of the CPU
+holds several such temporaries at once). Below it every step of the CPU
 envelope, long prompts included (at most 1,024 x 1,100 x 8 = 9 million), is
-judged by the definition itself and a quick run costs what it did.
+judged by the definition itself, with none of the slack the fast reference's
+steps get. That costs little: on such steps the fast reference is faster on a
+CPU, but only by a fraction of a second a step.
 """
 MEMORY_ENV = "PAGED_SPEC_REFERENCE_MEMORY"
 """Environment variable with the fast reference's memory limit in bytes (``--reference-memory``)."""
