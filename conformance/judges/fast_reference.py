@@ -554,7 +554,7 @@ class _Launcher:
         table = self.tables[ctx.arrays["seq"]]  # [S, W]
         column = (kpos // self.block).clamp(max=table.shape[1] - 1)
         slot = t.where(valid, table.gather(1, column) * self.block + kpos % self.block, 0)
-        rows = (slot[:, None, :] * self.kv_head.shape[1] + self.kv_head).reshape(-1)
+        rows = (slot[:, None, :] * self.shape.kv_heads + self.kv_head).reshape(-1)
         x = flat.index_select(0, rows).view(ctx.s, self.shape.kv_heads, ctx.k_tile, -1)
         if self.kv_scales is not None or self.precision.round_kv is not None:
             x = x.to(t.float64)

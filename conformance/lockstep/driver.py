@@ -457,14 +457,13 @@ class Lockstep:
         b = self.config.geometry.block_size
         for seq_id in live:
             tokens = self.manager.tokens(seq_id)
-            checked = 0
+            n, checked = len(tokens), 0
             for layer in range(self.config.geometry.num_layers):
                 table, start = self._held(seq_id, layer)
-                n = len(tokens)
                 lo = start if touched is None else _first_touched(table, touched, start, n, b)
                 if lo == n:
                     continue
-                k, v = self.memory.gather(layer, table, len(tokens), start=lo)
+                k, v = self.memory.gather(layer, table, n, start=lo)
                 tk, tv = (
                     self._as_read(x[lo:], layer, i)
                     for i, x in enumerate(self._truth.rows(seq_id, tokens, layer))
@@ -474,7 +473,7 @@ class Lockstep:
                         f"internal error: the spec's KV for sequence {seq_id}, layer {layer} is "
                         "not what was written for its tokens (a bug in spec/, not the backend)"
                     )
-                checked = max(checked, len(tokens) - lo)
+                checked = max(checked, n - lo)
             self.checks["spec KV equals the tokens' ground truth"] += checked
 
     def _as_read(self, x: F64, layer: int, which: int) -> F64:
