@@ -10,7 +10,7 @@ WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(2, min(4, len(os.sched_get
 # conformance jobs: one per CPU, at most 4 (the examples are shared out as they come)
 JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 
-.PHONY: venv test lint typecheck pytest conformance docs clean
+.PHONY: venv test lint typecheck pytest conformance docs clean sandbox-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,17 @@ typecheck: $(STAMP)
 
 # One thread per worker for torch and BLAS: the workers already fill the CPUs, and two-thread
 # ops in each of them oversubscribe it (measured on 2 CPUs: 1,072 s, 858 s with one thread).
-pytest: $(STAMP)
+pytest: $(STAMP) sandbox-deps
 	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS)
 
 test: lint typecheck pytest
+
+# The sandbox page (docs/sandbox.md) runs the spec in the browser: Pyodide from npm, pinned in
+# docs_tools/pyodide/package-lock.json (`npm ci`; the docs build copies it into the site), and
+# Debian's chromium for tests/test_sandbox_page.py (apt-get, when root and none is found).
+sandbox-deps: $(STAMP)
+	$(PY) -m docs_tools.sandbox_site
+	$(PY) -m docs_tools.browser --install
 
 # backend_gpu turns on Triton's interpreter by itself when there is no CUDA device.
 conformance: $(STAMP)
@@ -42,4 +49,4 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site docs_tools/pyodide/node_modules

@@ -16,8 +16,17 @@ before the first kernel is decorated, which is why it happens here.
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    _language = sys.modules.get("triton.language")
+    _on = os.environ["TRITON_INTERPRET"].strip().lower() in ("1", "true", "yes", "on")
+    if _on and _language is not None and type(_language.zeros).__name__ == "JITFunction":
+        raise ImportError(
+            "triton was imported before backend_gpu on a machine without CUDA, so its language "
+            "was built for compiled kernels, which cannot run on CPU tensors: set "
+            "TRITON_INTERPRET=1 before importing triton, or import backend_gpu first"
+        )

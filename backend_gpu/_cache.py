@@ -15,6 +15,13 @@ Both contracts of :mod:`spec.backend` are served here: ``tensors="numpy"``
 slots on this backend's device in, tensors out, each checked for kind,
 device, dtype and shape before use, and never written to).
 
+A latent geometry (:attr:`spec.kv_geometry.KVGeometry.latent_dim`) keeps one
+tensor of rows ``[num_blocks, block_size, latent_dim + rope_dim]`` a layer
+(``rows``), as vLLM's MLA cache does; ``k`` and ``v`` are then views of its
+c_kv and k_rope columns, ``[num_blocks, block_size, 1, latent_dim]`` and
+``[.., 1, rope_dim]``, so writes, copies and reads through them are the
+contract's, and the kernels read the rows.
+
 A pool of more than :data:`spec.kv_memory.LAZY_ELEMENTS` elements per layer is
 allocated with ``torch.empty`` instead: filling it would touch every page (4 GiB
 for a pool past 2^31 fp16 elements), while an untouched CPU allocation costs no
@@ -25,14 +32,16 @@ with ``read_blocks``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from backend_gpu.kernels._fp8 import FP8_TORCH
+from backend_gpu.dtypes import FP8_TORCH, TORCH_DTYPES
 from spec.attention import PLAIN, AttentionVariant
 from spec.backend import FloatArray
 from spec.batch import BatchMetadata, check_copies
@@ -42,8 +51,6 @@ from spec.kv_geometry import KVGeometry, check_kv_values
 from spec.kv_memory import LAZY_ELEMENTS, check_slot_mapping
 from spec.validate import check_choice, check_instance, check_int, check_ints, check_scale
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 Returned = Any
 """What a method returns: float32 numpy copies (numpy contract) or device tensors (device
 contract). ``Any`` because :class:`spec.backend.Backend`'s annotations spell the numpy contract
@@ -51,8 +58,42 @@ contract). ``Any`` because :class:`spec.backend.Backend`'s annotations spell the
 
 
 def default_device() -> torch.device:
-    """CUDA when there is one, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """CUDA when there is one and kernels compile; CPU under Triton's interpreter (which runs
+    only on CPU tensors, on a machine with a GPU too) or without CUDA."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _ON
+    return torch.device("cuda" if torch.cuda.is_available() and not interpreted else "cpu")
+
+
+_ON = ("1", "true", "yes", "on")
+
+
+def check_fits(geometry: KVGeometry, needed: int, device: torch.device) -> None:
+    """Refuse, before allocating, a pool of ``needed`` bytes that ``device`` cannot hold: more
+    than its memory (a GPU's), or than the machine's memory and swap (the CPU's, where an
+    untouched lazy pool still needs its addresses). :class:`~spec.errors.InvalidRequestError`
+    names the bytes and the geometry; torch's own error would name neither."""
+    have = device_memory(device)
+    if have is not None and needed > have:
+        raise InvalidRequestError(
+            f"the geometry's pool needs {needed:,} bytes on {device}, which has {have:,}: "
+            f"refused before allocating ({geometry})"
+        )
+
+
+def device_memory(device: torch.device) -> int | None:
+    """The bytes ``device`` can hold at most (``None``: unknown, nothing is refused)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "SwapTotal"))
+    except (OSError, KeyError, ValueError):
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return pages * size if pages > 0 and size > 0 else None
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return int(torch.empty((), dtype=dtype).element_size())
 
 
 class TorchKVCache:
@@ -65,8 +106,22 @@ class TorchKVCache:
         self.device = device
         self.dtype = TORCH_DTYPES[g.dtype]  # the activation dtype: queries, new K and V, outputs
         self.cache_dtype = FP8_TORCH[g.kv_dtype] if g.kv_dtype else self.dtype
-        self.k = [self._nans(shape) for _ in range(g.num_layers)]
-        self.v = [self._nans(shape) for _ in range(g.num_layers)]
+        self.rows: list[torch.Tensor] = []  # latent: each layer's one cache of rows
+        tensors = g.num_layers if g.latent_dim is not None else 2 * g.num_layers
+        per_tensor = g.num_blocks * g.block_size * g.num_kv_heads * g.head_dim
+        check_fits(g, tensors * per_tensor * _itemsize(self.cache_dtype), device)
+        if g.latent_dim is not None:
+            self.rows = [self._nans(shape[:2] + shape[3:]) for _ in range(g.num_layers)]
+            self.k = [row.unsqueeze(2)[..., : g.latent_dim] for row in self.rows]  # c_kv views
+            self.v = [row.unsqueeze(2)[..., g.latent_dim :] for row in self.rows]  # k_rope views
+        else:
+            self.k = [self._nans(shape) for _ in range(g.num_layers)]
+            self.v = [self._nans(shape) for _ in range(g.num_layers)]
+
+    @property
+    def storage(self) -> list[torch.Tensor]:
+        """The tensors that hold the cache: each layer's rows (latent), or its K and V."""
+        return self.rows if self.rows else [*self.k, *self.v]
 
     def _nans(self, shape: tuple[int, ...]) -> torch.Tensor:
         """NaN-filled storage, or uninitialised (lazy) storage for a pool too large to fill."""
@@ -86,9 +141,12 @@ class TorchKVCache:
             raise InvalidRequestError(f"layer {layer} is outside 0..{self.geometry.num_layers - 1}")
         return self.k[layer], self.v[layer]
 
-    def tensor(self, name: str, x: object, min_rows: int, heads: int) -> torch.Tensor:
-        """``x`` (numpy ``[>= min_rows, heads, head_dim]``) in the cache dtype, on the device."""
-        d = self.geometry.head_dim
+    def tensor(
+        self, name: str, x: object, min_rows: int, heads: int, width: int | None = None
+    ) -> torch.Tensor:
+        """``x`` (numpy ``[>= min_rows, heads, width]``, ``width`` the head dim unless given) in
+        the activation dtype, on the device."""
+        d = self.geometry.head_dim if width is None else width
         if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
             raise InvalidRequestError(f"{name} must be a numpy float array, got {type(x).__name__}")
         if x.ndim != 3 or x.shape[0] < min_rows or x.shape[1:] != (heads, d):
@@ -100,11 +158,18 @@ class TorchKVCache:
         return host.to(device=self.device, dtype=self.dtype)
 
     def device_tensor(
-        self, name: str, x: object, min_rows: int, heads: int, exact_rows: bool = False
+        self,
+        name: str,
+        x: object,
+        min_rows: int,
+        heads: int,
+        exact_rows: bool = False,
+        width: int | None = None,
     ) -> torch.Tensor:
-        """``x`` as the device contract hands it: ``[>= min_rows, heads, head_dim]`` (exactly
-        ``min_rows`` if ``exact_rows``), the activation dtype, on this device. Not copied."""
-        d = self.geometry.head_dim
+        """``x`` as the device contract hands it: ``[>= min_rows, heads, width]`` (exactly
+        ``min_rows`` if ``exact_rows``; ``width`` the head dim unless given), the activation
+        dtype, on this device. Not copied."""
+        d = self.geometry.head_dim if width is None else width
         t = self._on_device(name, x, self.dtype)
         rows_ok = t.shape[0] == min_rows if exact_rows else t.shape[0] >= min_rows
         if t.ndim != 3 or not rows_ok or tuple(t.shape[1:]) != (heads, d):
@@ -190,7 +255,10 @@ class TorchCacheBackend:
         self._cache: TorchKVCache | None = None
 
     def create_cache(self, geometry: KVGeometry) -> None:
-        self._cache = TorchKVCache(geometry, self.device)
+        """A new cache of ``geometry``; refused (the old cache kept) if it is not a geometry or
+        its pool cannot fit this backend's device (:func:`check_fits`)."""
+        g = check_instance("geometry", geometry, KVGeometry)
+        self._cache = TorchKVCache(g, self.device)
 
     @property
     def device_resident(self) -> bool:
@@ -226,10 +294,17 @@ class TorchCacheBackend:
         k_cache, v_cache = cache.layer(layer)
         slots, host_slots = cache.slots(slot_mapping)
         n, h = slots.shape[0], cache.geometry.num_kv_heads
-        convert = cache.device_tensor if self.device_resident else cache.tensor
-        k, v = convert("key", key, n, h), convert("value", value, n, h)
+        (k_name, k_width), (v_name, v_width) = kv_names(cache.geometry)
+        if self.device_resident:
+            k = cache.device_tensor(k_name, key, n, h, width=k_width)
+            v = cache.device_tensor(v_name, value, n, h, width=v_width)
+        else:
+            k, v = (
+                cache.tensor(k_name, key, n, h, k_width),
+                cache.tensor(v_name, value, n, h, v_width),
+            )
         if host_slots is not None:  # the numpy contract: the values, checked on the host
-            for name, x in (("key", key), ("value", value)):
+            for name, x in ((k_name, key), (v_name, value)):
                 assert isinstance(x, np.ndarray)  # cache.tensor checked it
                 check_kv_values(name, x, host_slots, cache.geometry)
         return k, v, slots, k_cache, v_cache
@@ -267,23 +342,39 @@ class TorchCacheBackend:
     def _query(self, query: object, batch: BatchMetadata) -> torch.Tensor:
         """The query as a tensor on the device: ``[>= num_tokens, H, head_dim]``."""
         cache = self._mem()
+        latent = cache.geometry.latent_dim
+        name = "query" if latent is None else "query ([q_latent, q_rope] a head)"
         if self.device_resident:
             heads = query.shape[1] if isinstance(query, torch.Tensor) and query.ndim == 3 else -1
-            return cache.device_tensor("query", query, batch.num_tokens, heads)
+            return cache.device_tensor(name, query, batch.num_tokens, heads)
         heads = query.shape[1] if isinstance(query, np.ndarray) and query.ndim == 3 else -1
-        return cache.tensor("query", query, batch.num_tokens, heads)
+        return cache.tensor(name, query, batch.num_tokens, heads)
 
     def _new_kv(self, batch: BatchMetadata, key: object, value: object) -> None:
-        """The device contract's ``key=``/``value=`` of attention: ``[T, H_kv, D]`` when given."""
+        """The device contract's ``key=``/``value=`` of attention: ``[T, H_kv, D]`` when given
+        (latent: c_kv ``[T, 1, latent_dim]`` and k_rope ``[T, 1, rope_dim]``)."""
         if not self.device_resident or (key is None and value is None):
             return
         cache = self._mem()
-        for name, x in (("key", key), ("value", value)):
-            cache.device_tensor(name, x, batch.num_tokens, cache.geometry.num_kv_heads, True)
+        for (name, width), x in zip(kv_names(cache.geometry), (key, value), strict=True):
+            h = cache.geometry.num_kv_heads
+            cache.device_tensor(name, x, batch.num_tokens, h, True, width=width)
 
     def _returned(self, out: torch.Tensor) -> Returned:
         """An output in the contract served: a float32 numpy copy, or the tensor itself."""
         return out if self.device_resident else to_numpy(out)
+
+
+def kv_names(geometry: KVGeometry) -> tuple[tuple[str, int], tuple[str, int]]:
+    """How a KV write's ``key`` and ``value`` are named in errors, and their widths.
+
+    >>> kv_names(KVGeometry(1, 2, 2, num_kv_heads=1, head_dim=6, latent_dim=4))
+    (('key (c_kv)', 4), ('value (k_rope)', 2))
+    """
+    k_width, v_width = geometry.kv_widths
+    if geometry.latent_dim is None:
+        return ("key", k_width), ("value", v_width)
+    return ("key (c_kv)", k_width), ("value (k_rope)", v_width)
 
 
 def to_numpy(x: torch.Tensor) -> FloatArray:

@@ -7,10 +7,13 @@ one sequence at a time, each variant one line on the full score matrix: the
 window a mask, a sink one more column of the softmax that is dropped after it.
 An fp8 cache is written with torch's own fp8 cast (round to nearest even)
 after a float32 division and a clamp, and read as ``stored.float() * scale``.
+A latent cache (multi-head latent attention) is one tensor of rows a layer;
+attention gathers the rows and attends with the whole row as the key and its
+c_kv columns as the value, as :func:`spec.attention.latent_kv` defines.
 Slow but obviously right, on CPU or any GPU, and a check on the Triton kernels
 that shares none of their arithmetic. It does share code with them around it:
-the cache plumbing in :mod:`backend_gpu._cache` (which takes the fp8 dtype
-table ``FP8_TORCH`` from ``backend_gpu/kernels/_fp8.py``, and checks every
+the cache plumbing in :mod:`backend_gpu._cache` (which takes the dtype
+tables from :mod:`backend_gpu.dtypes`, imports no Triton, and checks every
 argument by the spec's own rules: the batch by ``BatchMetadata.validate``,
 slots by ``check_slot_mapping``, copies by ``check_copies``).
 
@@ -50,6 +53,7 @@ class TorchBackend(TorchCacheBackend):
             kv_dtypes=frozenset(KV_DTYPES),
             variants=frozenset(VARIANTS),
             kv_groups=True,
+            latent=None,  # any (latent_dim, rope_dim)
             tensors=self.tensors,
         )
 
@@ -64,7 +68,6 @@ class TorchBackend(TorchCacheBackend):
         n = slots.shape[0]
         cache = self._mem()
         keep = slots != -1
-        width = k_cache.shape[2:]
         kind = cache.geometry.kv_dtype
         scales = cache.scales(layer)
         for rows, target, scale in zip((k, v), (k_cache, v_cache), scales, strict=True):
@@ -73,7 +76,9 @@ class TorchBackend(TorchCacheBackend):
                 top = FP8_FORMATS[kind].max_finite
                 divisor = torch.tensor(scale, dtype=torch.float32, device=self.device)
                 stored = (stored.float() / divisor).clamp(-top, top)
-            target.view(-1, *width)[slots[keep]] = stored.to(target.dtype)
+            target.view(-1, *target.shape[2:])[slots[keep]] = stored.to(
+                target.dtype
+            )  # latent: a view
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
@@ -82,7 +87,7 @@ class TorchBackend(TorchCacheBackend):
             return
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
-        for x in (*cache.k, *cache.v):
+        for x in cache.storage:
             x[dst] = x[src]
 
     def attention(
@@ -108,9 +113,8 @@ class TorchBackend(TorchCacheBackend):
                 f"{heads} query heads do not divide into {cache.geometry.num_kv_heads} KV heads"
             )
         k_scale, v_scale = cache.scales(layer)
-        out = torch.empty(
-            batch.num_tokens, heads, cache.geometry.head_dim, dtype=cache.dtype, device=self.device
-        )
+        width = cache.geometry.value_dim  # latent: the c_kv columns
+        out = torch.empty(batch.num_tokens, heads, width, dtype=cache.dtype, device=self.device)
         group = cache.geometry.group_of(layer)  # the layer's KV cache group
         tables: Sequence[Sequence[int]] | torch.Tensor = batch.tables(group)
         if arrays is not None and self.device_resident:  # the step's device tables
@@ -120,6 +124,8 @@ class TorchBackend(TorchCacheBackend):
             first = variant.first_visible(batch.seq_lens[i] - (end - start))  # released: unread
             k, v = self._gather(k_cache, v_cache, tables[i], batch.seq_lens[i], first)
             k, v = k.float() * k_scale, v.float() * v_scale  # dequantized (exact scales of 1.0)
+            if cache.geometry.latent_dim is not None:  # the key is the whole row, V its c_kv
+                k, v = torch.cat([k, v], dim=-1), k
             attended = _attend(q[start:end], k, v, batch.seq_lens[i], scale, variant)
             out[start:end] = attended.to(cache.dtype)
         return self._returned(out)
@@ -154,12 +160,12 @@ class TorchBackend(TorchCacheBackend):
             )
         pos = torch.arange(skip * block_size, seq_len, device=self.device)
         slots = blocks[pos // block_size - skip] * block_size + pos % block_size
-        width = k_cache.shape[2:]
-        k = torch.zeros(seq_len, *width, dtype=k_cache.dtype, device=self.device)
-        v = torch.zeros_like(k)
-        k[skip * block_size :] = k_cache.view(-1, *width)[slots]
-        v[skip * block_size :] = v_cache.view(-1, *width)[slots]
-        return k, v
+        out = []
+        for cache in (k_cache, v_cache):  # a latent cache's are c_kv and k_rope: two widths
+            x = torch.zeros(seq_len, *cache.shape[2:], dtype=cache.dtype, device=self.device)
+            x[skip * block_size :] = cache.view(-1, *cache.shape[2:])[slots]
+            out.append(x)
+        return out[0], out[1]
 
 
 def _attend(

@@ -8,6 +8,11 @@ values, so no device read-back is needed beyond the wrappers' index checks.
 Every attention variant and both fp8 KV dtypes are declared and run in the
 kernels themselves (the KV write quantizes, attention dequantizes).
 
+A latent geometry (multi-head latent attention) runs on its own kernels: the
+row write of :mod:`backend_gpu.kernels.latent_write` and the absorbed
+attention of :mod:`backend_gpu.kernels.latent_attention` (every variant, fp8,
+split-KV), for latent parts up to 512 wide and rope parts up to 128.
+
 Under the device-resident contract (``TritonBackend(tensors="torch")``, or
 :func:`make_device_backend`) the kernels take the suite's tensors as they come:
 the step's device metadata (``arrays=``) replaces the per-step conversion, and
@@ -24,12 +29,31 @@ import backend_gpu  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines fi
 from backend_gpu._cache import Returned, TorchCacheBackend
 from backend_gpu.kernels import copy_blocks, paged_attention, reshape_and_cache
 from backend_gpu.kernels.attention import MAX_HEAD_DIM
+from backend_gpu.kernels.latent_attention import (
+    MAX_LATENT_DIM,
+    MAX_ROPE_DIM,
+    paged_latent_attention,
+)
+from backend_gpu.kernels.latent_write import write_latent
 from spec.attention import VARIANTS, AttentionVariant
 from spec.backend import FloatArray
 from spec.batch import BatchArrays, BatchMetadata
 from spec.capabilities import Capabilities
-from spec.errors import InvalidRequestError
+from spec.errors import ArgumentTypeError, InvalidRequestError
 from spec.kv_geometry import DTYPES, KV_DTYPES, KVGeometry
+
+
+def _latent_too_wide(geometry: KVGeometry, num_heads: int, variant: object) -> str | None:
+    """The latent kernels' limit, as a capabilities veto: widths they are built for."""
+    if geometry.latent_dim is None:
+        return None
+    rope = geometry.head_dim - geometry.latent_dim
+    if geometry.latent_dim <= MAX_LATENT_DIM and rope <= MAX_ROPE_DIM:
+        return None
+    return (
+        f"latent layout {geometry.latent_dim}+{rope} (latent_dim <= {MAX_LATENT_DIM} and "
+        f"rope_dim <= {MAX_ROPE_DIM} only)"
+    )
 
 
 class TritonBackend(TorchCacheBackend):
@@ -63,11 +87,18 @@ class TritonBackend(TorchCacheBackend):
             kv_dtypes=frozenset(KV_DTYPES),
             variants=frozenset(VARIANTS),
             kv_groups=True,
+            latent=None,  # any (latent_dim, rope_dim) the kernels are built for:
+            excludes=_latent_too_wide,
             tensors=self.tensors,
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
-        if geometry.head_dim > MAX_HEAD_DIM:
+        if not isinstance(geometry, KVGeometry):
+            raise ArgumentTypeError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
+        too_wide = _latent_too_wide(geometry, 1, None)
+        if too_wide:
+            raise InvalidRequestError(f"{too_wide}: not supported")
+        if geometry.latent_dim is None and geometry.head_dim > MAX_HEAD_DIM:
             raise InvalidRequestError(f"head_dim {geometry.head_dim} > {MAX_HEAD_DIM}")
         super().create_cache(geometry)
         self._per_head.clear()
@@ -81,13 +112,21 @@ class TritonBackend(TorchCacheBackend):
     ) -> None:
         k, v, slots, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
         k_scale, v_scale = self._mem().scales(layer)
+        if self._mem().rows:  # latent: one row [c_kv, k_rope] a token, one scale
+            write_latent(k, v, self._mem().rows[layer], slots, check_slots=False, scale=k_scale)
+            return
         reshape_and_cache(
             k, v, k_cache, v_cache, slots, check_slots=False, k_scale=k_scale, v_scale=v_scale
         )
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
-        copy_blocks(cache.k, cache.v, list(self._copies(copies)))
+        pairs = list(self._copies(copies))
+        if cache.rows:  # latent: the rows, as the one cache of each layer
+            rows = [row.unsqueeze(2) for row in cache.rows]
+            copy_blocks(rows, rows, pairs)  # copy_blocks takes K and V lists: each row twice
+            return
+        copy_blocks(cache.k, cache.v, pairs)
 
     def attention(
         self,
@@ -109,6 +148,26 @@ class TritonBackend(TorchCacheBackend):
         else:
             qsl, lens, tables = self._device_metadata(batch, group)
         k_scale, v_scale = self._mem().scales(layer)
+        if self._mem().rows:
+            return self._returned(
+                paged_latent_attention(
+                    q[: batch.num_tokens],
+                    self._mem().rows[layer],
+                    qsl,
+                    lens,
+                    tables,
+                    scale,
+                    latent_dim=k_cache.shape[3],
+                    num_splits=self.num_splits,
+                    max_query_len=batch.max_query_len,
+                    max_seq_len=batch.max_seq_len,
+                    window=v.window,
+                    softcap=v.softcap,
+                    sinks=self._head_tensor(v.sinks),
+                    alibi_slopes=self._head_tensor(v.alibi_slopes),
+                    kv_scale=k_scale,
+                )
+            )
         out = paged_attention(
             q[: batch.num_tokens],
             k_cache,

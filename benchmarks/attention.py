@@ -31,6 +31,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -440,8 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = "\n".join(report)
     print(text)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        from conformance.reports.files import write_output  # the one rule for an output path
+
+        write_output(Path(args.out), text)
     return 0
 
 

@@ -10,7 +10,10 @@ conformance failure; 2 a usage or setup error, with a message saying what to fix
 no failure, but the time budget cut it short (0 with ``--budget-passes``); 130
 the user pressed Ctrl-C or sent SIGTERM. Every report path is checked and
 marked incomplete before the run (:mod:`conformance.reports.files`), and
-written atomically after it. ``run`` runs the backend in a child process
+written after it by the one rule for an output path (a file atomically, a
+device or FIFO written through); a setup error leaves a SETUP ERROR report. A
+bug on the spec's side (:class:`~conformance.errors.SpecSideBug`) exits 2
+too, blamed on the spec or the suite, never the backend. ``run`` runs the backend in a child process
 (:mod:`conformance.run.isolation`), so that a crash or a hang is reported like any
 other failure; ``--in-process`` runs it here instead (for a debugger).
 """
@@ -21,14 +24,15 @@ import argparse
 import os
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from conformance.errors import SetupError
 from conformance.judges.oracle import memory_limit_from
 from conformance.planted.selftest import selftest
-from conformance.reports.files import prepare
+from conformance.reports.files import prepare, setup_errors_reported
 from conformance.reports.report import text_report, write_json, write_junit
 from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
@@ -117,16 +121,24 @@ def _command(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     control = _control(args)
-    _prepare_reports(args, "conformance run")
-    result = _lockstep(args, control)
+    with _reports_prepared(args, "conformance run"):
+        result = _lockstep(args, control)
     print(text_report(result))
     status = _status(result, args.budget_passes)
     return _write_reports(args, result, status, write_json, write_junit)
 
 
-def _prepare_reports(args: argparse.Namespace, command: str) -> None:
-    """Before the run: every report path writable, and marked incomplete (or exit 2 now)."""
-    prepare([Path(p) for p in (args.report, args.junit) if p], command)
+@contextmanager
+def _reports_prepared(args: argparse.Namespace, command: str) -> Iterator[None]:
+    """Before the run: every report path writable (or exit 2 now), marked incomplete, and its
+    symbolic link resolved once (``args.report`` and ``args.junit`` become the targets); a
+    setup error inside writes a SETUP ERROR report at each."""
+    given = [(name, Path(p)) for name in ("report", "junit") if (p := getattr(args, name))]
+    targets = prepare([path for _, path in given], command)
+    for (name, _), target in zip(given, targets, strict=True):
+        setattr(args, name, str(target))
+    with setup_errors_reported(targets, command):
+        yield
 
 
 def _write_reports(
@@ -147,7 +159,7 @@ def _write_reports(
         if path:
             try:
                 writer(result, Path(path))
-            except OSError as err:
+            except (OSError, SetupError) as err:
                 print(f"conformance: cannot write the report {path}: {err}", file=sys.stderr)
                 status = USAGE if status in (OK, PARTIAL) else status
     return status
@@ -220,11 +232,19 @@ def _scheduler(args: argparse.Namespace) -> int:
     """
     from conformance.scheduler import report
 
-    _prepare_reports(args, "conformance scheduler")
+    with _reports_prepared(args, "conformance scheduler"):
+        result = _scheduler_result(args)
+    print(report.text_report(result))
+    status = _status(result, args.budget_passes)
+    return _write_reports(args, result, status, report.write_json, report.write_junit)
+
+
+def _scheduler_result(args: argparse.Namespace) -> SchedulerRunResult:
+    """The scheduler suite's run: in a child process, unless ``--in-process``."""
     database = None if args.no_database else SCHEDULER_DATABASE_DIR
     timeout = args.call_timeout or None
     if args.in_process or os.name != "posix":
-        result = run_scheduler_suite(
+        return run_scheduler_suite(
             load_scheduler(args.scheduler),
             args.scheduler,
             profile=args.profile,
@@ -247,10 +267,7 @@ def _scheduler(args: argparse.Namespace) -> int:
             call_timeout_s=timeout,
             time_budget_s=args.time_budget,
         )
-        result = run_scheduler_isolated(request, _progress)
-    print(report.text_report(result))
-    status = _status(result, args.budget_passes)
-    return _write_reports(args, result, status, report.write_json, report.write_junit)
+    return run_scheduler_isolated(request, _progress)
 
 
 def _vectors(args: argparse.Namespace) -> int:
@@ -265,8 +282,8 @@ def _vectors(args: argparse.Namespace) -> int:
         return OK
     from conformance.vectors.check import check_vectors
 
-    _prepare_reports(args, "conformance vectors check")
-    result = check_vectors(load_backend(args.backend), args.backend, Path(args.dir))
+    with _reports_prepared(args, "conformance vectors check"):
+        result = check_vectors(load_backend(args.backend), args.backend, Path(args.dir))
     print(text_report(result))
     return _write_reports(args, result, _status(result), write_json, write_junit)
 

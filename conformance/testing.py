@@ -44,6 +44,7 @@ import pytest
 from conformance.errors import SetupError
 from conformance.judges.device_contract import DeviceContract, uses_device_contract
 from conformance.lockstep.plan import plan_for
+from conformance.lockstep.workload import kv_parts
 from conformance.reports.report import summary_lines, text_report, write_json, write_junit
 from conformance.run.control import RunControl, environment_options
 from conformance.run.isolation import Request, database_arg, run_isolated
@@ -80,20 +81,15 @@ class BackendConformance:
         plan_for(caps, self.conformance_dtypes)  # raises SetupError if nothing can run
 
     def test_write_then_read_returns_the_values_exactly(self, backend: Backend) -> None:
-        dtype = sorted(backend.capabilities.dtypes)[0]
-        g = KVGeometry(
-            num_layers=1,
-            num_blocks=2,
-            block_size=_block_size(backend),
-            num_kv_heads=1,
-            head_dim=_head_dim(backend),
-            dtype=dtype,
-        )
+        g = _small_geometry(backend)
         backend.create_cache(g)
-        rows = np.arange(g.head_dim, dtype=np.float32).reshape(1, 1, g.head_dim) / 4
-        k, v = _write_then_read(backend, g, rows, slot=g.block_size)  # block 1, offset 0
-        assert np.array_equal(np.asarray(k)[1, 0], rows[0]), "K did not read back exactly"
-        assert np.array_equal(np.asarray(v)[1, 0], -rows[0]), "V did not read back exactly"
+        key, value = (np.arange(w, dtype=np.float32).reshape(1, 1, w) / 4 for w in g.kv_widths)
+        k, v = _write_then_read(backend, g, key, -value, slot=g.block_size)  # block 1, offset 0
+        names = kv_parts(g)
+        assert np.array_equal(np.asarray(k)[1, 0], key[0]), f"{names[0]} did not read back exactly"
+        assert np.array_equal(np.asarray(v)[1, 0], -value[0]), (
+            f"{names[1]} did not read back exactly"
+        )
 
     def test_lockstep_with_the_spec(self, backend: Backend, request: pytest.FixtureRequest) -> None:
         result = self._run_lockstep(backend)
@@ -191,25 +187,41 @@ def _summary(config: pytest.Config) -> _Summary:
 
 
 def _write_then_read(
-    backend: Backend, g: KVGeometry, rows: FloatArray, slot: int
+    backend: Backend, g: KVGeometry, key: FloatArray, value: FloatArray, slot: int
 ) -> tuple[object, object]:
-    """K ``rows`` and V ``-rows`` written to ``slot``; blocks 0 and 1 of layer 0 read back.
+    """``key`` and ``value`` (of ``g``'s widths) written to ``slot``; blocks 0 and 1 of layer 0
+    read back.
 
     In the backend's own contract: numpy, or the device-resident one
     (:mod:`conformance.judges.device_contract`: tensors in, ``read_blocks`` out).
     """
     caps = backend.capabilities
     if not uses_device_contract(caps):
-        backend.write_kv(0, rows, -rows, slot_mapping=[slot])
+        backend.write_kv(0, key, value, slot_mapping=[slot])
         return backend.read_cache(0)
     dc = DeviceContract(caps, g)
-    x = rows.astype(np.float64)
     write: Callable[..., object] = backend.write_kv  # tensors: the Protocol spells numpy
-    write(0, dc.activations(x), dc.activations(-x), dc.slots(0, [slot]))
+    write(0, dc.activations(key.astype(np.float64)), dc.activations(value.astype(np.float64)),
+          dc.slots(0, [slot]))  # fmt: skip
     read_blocks = getattr(backend, "read_blocks", None)
     assert callable(read_blocks), "the device contract needs read_blocks(layer, blocks)"
-    shape = (2, g.block_size, g.num_kv_heads, g.head_dim)
-    return dc.blocks("read_blocks(0, [0, 1])", read_blocks(0, [0, 1]), shape)
+    k, v = ((2, g.block_size, g.num_kv_heads, w) for w in g.kv_widths)
+    names = kv_parts(g)
+    return dc.blocks("read_blocks(0, [0, 1])", read_blocks(0, [0, 1]), k, value_shape=v,
+                     names=names)  # fmt: skip
+
+
+def _small_geometry(backend: Backend) -> KVGeometry:
+    """A one-layer pool of two blocks in the backend's first dtype: one KV head of its
+    smallest head dim, or, for a backend that runs the latent layout alone (an MLA kernel),
+    one of its latent layouts (8 + 4 when it declares any)."""
+    caps = backend.capabilities
+    dtype = sorted(caps.dtypes)[0]
+    g = KVGeometry(1, 2, _block_size(backend), 1, _head_dim(backend), dtype)
+    if not caps.unsupported(g, 1) or caps.latent == frozenset():
+        return g
+    latent, rope = (8, 4) if caps.latent is None else min(caps.latent)
+    return KVGeometry(1, 2, g.block_size, 1, latent + rope, dtype, latent_dim=latent)
 
 
 def _block_size(backend: Backend) -> int:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from conformance.reports.files import write_output
+from docs_tools.latent_block import draw_latent_block
 from docs_tools.mixed_step import draw_mixed_step
 from paged_spec.sandbox import story
 from paged_spec.svg import StepView, capture, draw_memory, draw_schedule
@@ -232,6 +234,7 @@ DIAGRAMS: dict[str, Callable[[], str]] = {
     "static-loop": static_loop,
     "mixed-step": draw_mixed_step,
     "speculative-rollback": speculative_rollback,
+    "latent-block": draw_latent_block,
 }
 """File name (without ``.svg``) -> the function that draws it."""
 
@@ -244,9 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out", type=Path, default=OUT, help=f"folder (default {OUT.relative_to(ROOT)})"
     )
     args = p.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, draw in DIAGRAMS.items():
-        (args.out / f"{name}.svg").write_text(draw())
+    for name, draw in DIAGRAMS.items():  # by the project's one rule for an output path
+        write_output(args.out / f"{name}.svg", draw())
     print(f"wrote {len(DIAGRAMS)} diagrams into {args.out}")
     return 0
 

@@ -27,8 +27,9 @@ import math
 from dataclasses import dataclass
 
 from spec.cache_manager import FIXED_STATE, FULL_ATTENTION, CacheManager, sliding_window
-from spec.kv_budget import MIB, kv_bytes_per_token
+from spec.kv_budget import MIB, kv_bytes_per_token, latent_bytes_per_token
 from spec.kv_groups import KVCacheGroup
+from spec.kv_memory import check_latent
 
 __all__ = ["MIB", "AllocatorFit", "GroupLayout", "ModelKV", "allocator_fit", "group_layout"]
 
@@ -44,6 +45,9 @@ class ModelKV:
     ``num_layers`` counts only the layers that cache K and V (a hybrid model's
     ``state_layers`` linear-attention layers keep ``state_bytes`` per sequence
     instead); ``window_layers`` of them see only the last ``window`` tokens.
+    ``latent_dim`` is the latent layout of multi-head latent attention
+    (:class:`spec.kv_geometry.KVGeometry`): one row of ``head_dim`` a layer, of
+    which ``latent_dim`` is c_kv, and one KV head.
     """
 
     name: str
@@ -60,6 +64,19 @@ class ModelKV:
     window_layers: int = 0  # layers with a sliding window of ``window`` tokens
     window: int | None = None
     state_layers: int = 0  # the layers whose state ``state_bytes`` is (for the report)
+    latent_dim: int | None = None  # latent layout: rows of head_dim, latent_dim of them c_kv
+
+    def __post_init__(self) -> None:
+        check_latent(self.latent_dim, self.num_kv_heads, self.head_dim)
+
+    def bytes_per_token(self, num_layers: int | None = None) -> int:
+        """KV bytes of one token over ``num_layers`` layers (default: all of them): K and V of
+        every KV head, or one latent row a layer (:mod:`spec.kv_budget`)."""
+        layers = self.num_layers if num_layers is None else num_layers
+        if self.latent_dim is None:
+            return kv_bytes_per_token(layers, self.num_kv_heads, self.head_dim, self.dtype_bytes)
+        rope = self.head_dim - self.latent_dim
+        return latent_bytes_per_token(layers, self.latent_dim, rope, self.dtype_bytes)
 
     @property
     def has_groups(self) -> bool:
@@ -119,7 +136,7 @@ def group_layout(model: ModelKV, *, release: bool = True) -> GroupLayout:
     groups = (FULL_ATTENTION,) * (full // size) + (window,) * (model.window_layers // size)
     if model.state_bytes:
         groups += (FIXED_STATE,)
-    per_layer = kv_bytes_per_token(1, model.num_kv_heads, model.head_dim, model.dtype_bytes)
+    per_layer = model.bytes_per_token(num_layers=1)
     return GroupLayout(groups, size, model.block_size * size * per_layer)
 
 

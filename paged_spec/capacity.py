@@ -40,6 +40,18 @@ layer) fits many more sequences once its windows release their blocks:
 >>> gemma = PRESETS["gemma-style"]
 >>> allocator_fits(gemma)[-1].sequences, windowless_fit(gemma).sequences
 (18, 4)
+
+A DeepSeek-V3-shaped model keeps latent KV (multi-head latent attention): one
+row of 512 + 64 values a token and layer, 68.6 KiB a token in bfloat16, where
+the same 61 layers with grouped heads of 128 (the model's head width) need
+244 KiB with 8 KV heads and 3.8 MiB with a KV head for each of its 128 query
+heads. On 90% of an 80 GB or a 141 GB device (weights elsewhere):
+
+>>> [(c.label, c.bytes_per_token, c.tokens) for c in latent_comparison(PRESETS["deepseek-v3"])]
+... # doctest: +NORMALIZE_WHITESPACE
+[('latent 512 + 64', 70272, (1024576, 1805824)),
+ ('grouped, 8 KV heads x 128', 249856, (288128, 507840)),
+ ('multi-head, 128 KV heads x 128', 3997696, (17984, 31680))]
 """
 
 from __future__ import annotations
@@ -64,18 +76,22 @@ from spec.kv_budget import (
     KIB,
     MIB,
     contiguous_waste_fraction,
-    kv_bytes_per_token,
     sequence_bytes,
     sequences_that_fit,
 )
 
 __all__ = [
+    "COMPARED_DEVICES_GB",
+    "COMPARED_LAYOUTS",
     "PRESETS",
     "Capacity",
+    "LayoutCost",
     "ModelKV",
     "allocator_fits",
     "capacity",
     "format_bytes",
+    "latent_comparison",
+    "latent_lines",
     "main",
     "mib",
     "preset_pool_origin",
@@ -104,6 +120,11 @@ PRESETS: dict[str, ModelKV] = {
         context=16_384, max_len=65_536, pool_bytes=6 * GIB, weights_bytes=24 * 10**9,
         window_layers=40, window=1024,
     ),
+    "deepseek-v3": ModelKV(
+        "deepseek-v3", num_layers=61, num_kv_heads=1, head_dim=576, dtype_bytes=2,
+        latent_dim=512, context=32_768, max_len=131_072, block_size=64,
+        pool_bytes=int(_H200_GB * 1e9 * _H200_UTILIZATION),
+    ),
 }  # fmt: skip
 """The worked examples' models, with weights (16 GB and 54 GB in bf16), and a windowed one.
 
@@ -112,8 +133,21 @@ is 23,859 MiB, what an 80 GB device leaves after the weights and a
 runtime reserve. ``--device-gb`` recomputes the pool from the preset's weights.
 ``gemma-style`` is illustrative, not a published model: Gemma 3's pattern of
 five 1,024-token sliding-window layers per global layer, on 48 layers of 4 KV
-heads x 128 in bf16, with a 6 GiB pool.
+heads x 128 in bf16, with a 6 GiB pool. ``deepseek-v3`` is DeepSeek-V3's KV
+geometry (61 layers of latent rows, ``kv_lora_rank`` 512 + ``qk_rope_head_dim``
+64, bf16, FlashMLA's blocks of 64 tokens) on 90% of an H200, weights not
+counted: its 671B parameters span several devices, and each device of a
+data-parallel attention deployment holds the whole latent cache of its own
+sequences (``--weights-gb`` takes off this device's share of the weights).
 """
+
+COMPARED_LAYOUTS = (("grouped", 8, 128), ("multi-head", 128, 128))
+"""The grouped-heads layouts a latent model is priced against, ``(kind, KV heads, head dim)``:
+heads as wide as DeepSeek-V3's value heads (128, also the non-rotary part of its query and
+key heads), eight of them as grouped-query attention has, or one for each of its 128 query
+heads (see :func:`latent_comparison`)."""
+COMPARED_DEVICES_GB = (80, 141)
+"""The devices :func:`latent_comparison` fills: an 80 GB one (H100, A100) and an H200."""
 
 DEFAULT_MODELS = ("llama-3.1-8b", "hybrid-27b")
 """What ``python -m paged_spec.capacity`` prints with no ``--model``: the two worked examples."""
@@ -163,7 +197,7 @@ def capacity(
         raise ValueError(f"context must be in 1..max_len ({m.max_len}), got {m.context}")
     if m.pool_bytes < 0:
         raise ValueError(f"pool_bytes must be >= 0, got {m.pool_bytes}")
-    per_token = kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype_bytes)
+    per_token = m.bytes_per_token()
     contiguous = sequence_bytes(m.max_len, per_token, state_bytes=m.state_bytes)
     paged = sequence_bytes(m.context, per_token, block_size=m.block_size, state_bytes=m.state_bytes)
     return Capacity(
@@ -181,6 +215,49 @@ def capacity(
         paged_fit=sequences_that_fit(m.pool_bytes, paged),
         contiguous_waste=contiguous_waste_fraction(m.context, m.max_len),
     )
+
+
+@dataclass(frozen=True)
+class LayoutCost:
+    """One KV layout of a model: its bytes a token, and the tokens that fit on each of
+    :data:`COMPARED_DEVICES_GB` (whole blocks of the model's block size)."""
+
+    label: str
+    bytes_per_token: int
+    tokens: tuple[int, ...]
+
+
+def latent_comparison(
+    model: ModelKV, *, utilization: float = _H200_UTILIZATION, weights_bytes: int = 0
+) -> list[LayoutCost]:
+    """A latent model beside the same layers with grouped heads, on 80 GB and 141 GB devices.
+
+    The grouped layouts are those DeepSeek-V2's paper prices multi-head latent
+    attention against: K and V heads of the model's head width (128), with 8 KV
+    heads (grouped-query attention, as Llama 3 70B groups its query heads) and
+    with one KV head for each of the 128 query heads (multi-head attention; its
+    keys' 64 rotary values, which the expanded form adds, are left out, so this
+    is a lower bound). Each device's pool is ``utilization`` of it less
+    ``weights_bytes``.
+    """
+    if model.latent_dim is None:
+        raise ValueError(f"{model.name} is not a latent model (no latent_dim)")
+    layouts = [
+        (f"latent {model.latent_dim} + {model.head_dim - model.latent_dim}", model),
+        *(
+            (f"{kind}, {heads} KV heads x {dim}", replace(
+                model, num_kv_heads=heads, head_dim=dim, latent_dim=None
+            ))
+            for kind, heads, dim in COMPARED_LAYOUTS
+        ),
+    ]  # fmt: skip
+    out = []
+    for label, m in layouts:
+        per_block = m.bytes_per_token() * m.block_size
+        pools = [int(gb * 1e9 * utilization) - weights_bytes for gb in COMPARED_DEVICES_GB]
+        tokens = tuple(max(0, pool) // per_block * m.block_size for pool in pools)
+        out.append(LayoutCost(label, m.bytes_per_token(), tokens))
+    return out
 
 
 def allocator_fits(model: ModelKV) -> list[AllocatorFit]:
@@ -234,6 +311,10 @@ def preset_pool_origin(name: str) -> str:
         "llama-3.1-8b": _device_origin(_H200_GB, _H200_UTILIZATION, _8B_WEIGHTS),
         "hybrid-27b": "the preset, an 80 GB device less 54 GB of weights and a runtime reserve",
         "gemma-style": "the preset, an illustrative 6 GiB",
+        "deepseek-v3": (
+            f"{_H200_GB:g} GB device x {_H200_UTILIZATION:g} utilization, weights not counted "
+            "(this device's share: --weights-gb)"
+        ),
     }.get(name, "the preset")
 
 
@@ -264,13 +345,21 @@ def _allocator_rows(model: ModelKV) -> list[Row]:
     return rows
 
 
-def report(c: Capacity, model: ModelKV | None = None, pool_origin: str = "") -> str:
+def report(
+    c: Capacity,
+    model: ModelKV | None = None,
+    pool_origin: str = "",
+    *,
+    utilization: float = _H200_UTILIZATION,
+) -> str:
     """The human-readable report ``python -m paged_spec.capacity`` prints.
 
     Two lines of geometry and budget (the pool, and ``pool_origin``: where it
     comes from), then one table whose columns each keep one unit: MiB a
     sequence, and sequences. With ``model`` (a hybrid or windowed one), the
-    spec allocator's rows follow the formula's.
+    spec allocator's rows follow the formula's; with a latent one, the
+    comparison with grouped heads (:func:`latent_comparison`, at
+    ``utilization`` of each device, less the model's weights).
     """
     head = [
         f"== {c.model}: {format_bytes(c.kv_bytes_per_token)} of KV a token,"
@@ -304,7 +393,31 @@ def report(c: Capacity, model: ModelKV | None = None, pool_origin: str = "") -> 
     ]
     if model is not None and model.has_groups:
         tail.append(f"KV cache groups: {group_layout(model).describe(model)}")
+    if model is not None and model.latent_dim is not None:
+        tail += ["", *latent_lines(model, utilization)]
     return "\n".join([*head, "", *table, "", *tail])
+
+
+def latent_lines(model: ModelKV, utilization: float = _H200_UTILIZATION) -> list[str]:
+    """:func:`latent_comparison` as a table: bytes a token, and tokens each device holds."""
+    weights = model.weights_bytes
+    costs = latent_comparison(model, utilization=utilization, weights_bytes=weights)
+    where = f"{utilization:g} of a device"
+    if weights:
+        where += f" less {weights / 1e9:g} GB of weights"
+    header = ("", "KV a token", *(f"tokens, {gb} GB" for gb in COMPARED_DEVICES_GB))
+    rows = [header] + [
+        (c.label, format_bytes(c.bytes_per_token), *(f"{t:,}" for t in c.tokens)) for c in costs
+    ]
+    w = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    table = [
+        "  ".join([r[0].ljust(w[0]), *(x.rjust(n) for x, n in zip(r[1:], w[1:], strict=True))])
+        for r in rows
+    ]
+    return [
+        f"beside grouped heads on the same layers; tokens in {where}:",
+        *table,
+    ]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,7 +427,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(PRESETS), action="append", help="preset (repeatable)")
     p.add_argument("--layers", type=positive_int, help="layers that cache K/V")
     p.add_argument("--kv-heads", type=positive_int)
-    p.add_argument("--head-dim", type=positive_int)
+    p.add_argument("--head-dim", type=positive_int, help="a latent model's: its row width")
+    p.add_argument(
+        "--latent-dim", type=positive_int, help="latent (MLA) rows: their c_kv part; 1 KV head"
+    )
     p.add_argument("--dtype-bytes", type=positive_int, help="2 for bf16/fp16, 1 for fp8")
     p.add_argument("--state-mib", type=nonnegative_float, help="fixed per-sequence state, MiB")
     p.add_argument("--context", type=positive_int, help="tokens a sequence actually holds")
@@ -380,6 +496,8 @@ def _model_from_args(base: ModelKV, a: argparse.Namespace) -> ModelKV:
         num_layers=_pick(a.layers, base.num_layers),
         num_kv_heads=_pick(a.kv_heads, base.num_kv_heads),
         head_dim=_pick(a.head_dim, base.head_dim),
+        latent_dim=base.latent_dim if a.latent_dim is None else a.latent_dim,
+        weights_bytes=base.weights_bytes if a.weights_gb is None else int(a.weights_gb * 1e9),
         dtype_bytes=_pick(a.dtype_bytes, base.dtype_bytes),
         state_bytes=state,
         context=_pick(a.context, base.context),
@@ -397,18 +515,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = [_model_from_args(PRESETS[name], args) for name in names]
         results = [(m, capacity(m)) for m in models]
         if args.json:
-            print(json.dumps([_json(m, r) for m, r in results], indent=2))
+            print(json.dumps([_json(m, r, args.utilization) for m, r in results], indent=2))
         else:
             origins = [_pool_origin(PRESETS[name], args) for name in names]
-            print("\n\n".join(report(r, m, o) for (m, r), o in zip(results, origins, strict=True)))
+            texts = [
+                report(r, m, o, utilization=args.utilization)
+                for (m, r), o in zip(results, origins, strict=True)
+            ]
+            print("\n\n".join(texts))
     except (ValueError, SpecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-def _json(model: ModelKV, r: Capacity) -> dict[str, object]:
+def _json(model: ModelKV, r: Capacity, utilization: float) -> dict[str, object]:
     out: dict[str, object] = asdict(r) | {"gain": r.gain}
+    if model.latent_dim is not None:
+        costs = latent_comparison(model, utilization=utilization, weights_bytes=model.weights_bytes)
+        out["layouts"] = {
+            "devices_gb": list(COMPARED_DEVICES_GB),
+            "rows": [asdict(c) for c in costs],
+        }
     if model.has_groups:
         fits = [asdict(f) for f in allocator_fits(model)]
         out["allocator"] = {"groups": group_layout(model).describe(model), "fits": fits}

@@ -144,6 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokens", type=positive_int, default=10, help="tokens to grow to")
     p.add_argument("--out", type=Path, help="also write one SVG per step into this folder")
     args = p.parse_args(argv)
+    if args.out:
+        from conformance.errors import SetupError
+        from conformance.reports.files import check_output_folder
+
+        try:
+            check_output_folder(args.out, "--out")
+        except SetupError as err:
+            p.error(str(err))
     scenes = story(args.block_size, args.tokens)
     for scene in scenes:
         print(f"== {scene.title}")
@@ -151,9 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(describe(scene.state)))
         print()
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
+        from conformance.reports.files import write_output  # the one rule for an output path
+
         for scene in scenes:
-            (args.out / f"{scene.name}.svg").write_text(scene.svg())
+            write_output(args.out / f"{scene.name}.svg", scene.svg())
         print(f"wrote {len(scenes)} pictures into {args.out}")
     return 0
 

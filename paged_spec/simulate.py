@@ -149,9 +149,10 @@ def _downsample(tl: Timeline, points: int) -> dict[str, list[float]]:
 
 def write_outputs(results: dict[str, Any], out_dir: Path, *, plots: bool = True) -> list[Path]:
     """``results.json`` and (unless ``plots`` is false) the figures; return the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from conformance.reports.files import write_output  # the one rule for an output path
+
     path = out_dir / "results.json"
-    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    write_output(path, json.dumps(results, indent=1, sort_keys=True) + "\n")
     written = [path]
     if plots:
         from paged_spec.sim.plots import draw_all  # matplotlib only when drawing
@@ -243,6 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"argument --max-model-len: must be >= 2 (a prompt and an output token), "
             f"got {args.max_model_len}"
         )
+    from conformance.errors import SetupError
+    from conformance.reports.files import check_output_folder
+
     try:
         cfg = SimConfig(
             traffic=args.traffic,
@@ -257,15 +261,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             static_wait_steps=args.static_wait_steps,
         )
+        check_output_folder(args.out, "--out")  # before the run, not after it
         cfg.trace(cfg.rates[-1])  # fail early on a bad trace, preset or pool
         for policy in POLICIES:
             cfg.engine().scheduler(policy)
         start = time.monotonic()
         results = simulate(cfg, jobs=args.jobs, quiet=args.quiet)
-    except (ValueError, OSError, SpecError) as e:
+    except (ValueError, OSError, SpecError, SetupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    paths = write_outputs(results, args.out, plots=not args.no_plots)
+    try:
+        paths = write_outputs(results, args.out, plots=not args.no_plots)
+    except (OSError, SetupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(headline(results))
     print(f"wrote {', '.join(str(p) for p in paths)} in {time.monotonic() - start:.1f}s")
     return 0

@@ -31,14 +31,20 @@ the first says why, and each later one imports only modules listed before it:
 24. :mod:`spec.sched_static` - the static baseline.
 25. :mod:`spec.scheduler` - the lesson of the scheduler and its public names (its
     docstring reads well first; its code only gathers 18-24).
+
+numpy is needed only by 7-14 (fp8, KV memory, attention, the backend contract) and by
+:meth:`spec.batch.BatchMetadata.arrays`: the block pool, the prefix cache, the block
+manager, the batch layout and the scheduler import and run without it, as on the sandbox
+page, which runs them in the reader's browser. So the names below that live in 7-14 are
+imported when first used (``from spec import KVMemory`` works as ever).
 """
 
-from spec.attention import paged_attention
-from spec.backend import Backend, ReferenceBackend
+import importlib
+from typing import TYPE_CHECKING
+
 from spec.batch import PAD_BLOCK, BatchMetadata, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager
 from spec.block_pool import BlockPool
-from spec.capabilities import Capabilities
 from spec.errors import (
     CapacityError,
     DoubleFreeError,
@@ -50,8 +56,35 @@ from spec.errors import (
     UnknownBlockError,
     UnknownSequenceError,
 )
-from spec.kv_geometry import KVGeometry
-from spec.kv_memory import KVMemory
+
+_NUMPY_NAMES = {  # public name -> the module that holds it and needs numpy
+    "paged_attention": "spec.attention",
+    "Backend": "spec.backend",
+    "ReferenceBackend": "spec.backend",
+    "Capabilities": "spec.capabilities",
+    "KVGeometry": "spec.kv_geometry",
+    "KVMemory": "spec.kv_memory",
+}
+
+if TYPE_CHECKING:  # the checker sees plain imports; at run time they wait for first use
+    from spec.attention import paged_attention
+    from spec.backend import Backend, ReferenceBackend
+    from spec.capabilities import Capabilities
+    from spec.kv_geometry import KVGeometry
+    from spec.kv_memory import KVMemory
+else:
+
+    def __getattr__(name: str) -> object:
+        """A name of ``_NUMPY_NAMES``, imported from its module now and kept (PEP 562)."""
+        if name not in _NUMPY_NAMES:
+            raise AttributeError(f"module 'spec' has no attribute {name!r}")
+        value = getattr(importlib.import_module(_NUMPY_NAMES[name]), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_NUMPY_NAMES))
+
 
 __all__ = [
     "PAD_BLOCK",

@@ -46,6 +46,39 @@ against scores of 0 takes one share of the weight:
 >>> round(float(attend(q, k, v, np.array([3]), 1.0, AttentionVariant(sinks=(0.0,)))[0, 0, 0]), 9)
 1.2
 
+**Latent attention** (multi-head latent attention, DeepSeek-V2/V3: the latent
+layout of :mod:`spec.kv_memory`). The cache holds one row ``[c_kv, k_rope]`` a
+token, shared by every query head; query head ``h`` brings ``[q_latent[h],
+q_rope[h]]``, as wide as the row. Its score against token ``t`` is ``scale *
+(q_latent[h] . c_kv[t] + q_rope[h] . k_rope[t])``, which is ``scale * q[h] .
+row[t]``, and its output is the softmax-weighted sum of ``c_kv[t]``
+(``latent_dim`` wide): attention with one KV head whose key is the whole row
+and whose value is its first ``latent_dim`` columns (:func:`latent_kv`), so
+the variants apply unchanged. The scale is the model's (DeepSeek's is
+``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``), never the row width's.
+
+This is the *absorbed* form decode kernels compute. It equals ordinary
+multi-head attention whose per-head keys and values are up-projected from
+``c_kv`` by the model's ``W_UK`` and ``W_UV`` (the *expanded* form prefill
+kernels use): ``q_nope[h] . (W_UK[h] c)`` is ``(W_UK[h]^T q_nope[h]) . c``,
+and ``W_UV[h]`` commutes with the weighted sum. On a small example:
+
+>>> rng = np.random.default_rng(0)
+>>> heads, latent, rope, nope, v_dim, t = 2, 4, 2, 3, 3, 5
+>>> c_kv, k_rope = rng.normal(size=(t, 1, latent)), rng.normal(size=(t, 1, rope))
+>>> w_uk, w_uv = rng.normal(size=(heads, nope, latent)), rng.normal(size=(heads, v_dim, latent))
+>>> q_nope, q_rope = rng.normal(size=(1, heads, nope)), rng.normal(size=(1, heads, rope))
+>>> scale, positions = 1 / np.sqrt(nope + rope), np.array([t - 1])  # the model's scale
+>>> k_nope = np.einsum("hdl,tl->thd", w_uk, c_kv[:, 0])             # expanded: per-head K, V
+>>> k = np.concatenate([k_nope, np.repeat(k_rope, heads, axis=1)], axis=-1)
+>>> v = np.einsum("hdl,tl->thd", w_uv, c_kv[:, 0])
+>>> expanded = attend(np.concatenate([q_nope, q_rope], axis=-1), k, v, positions, scale)
+>>> q_latent = np.einsum("hdl,nhd->nhl", w_uk, q_nope)              # absorbed: W_UK^T q_nope
+>>> q = np.concatenate([q_latent, q_rope], axis=-1)                 # [1, heads, latent + rope]
+>>> out = attend_latent(q, c_kv, k_rope, positions, scale)          # [1, heads, latent]
+>>> out.shape, bool(np.allclose(np.einsum("hdl,nhl->nhd", w_uv, out), expanded))
+((1, 2, 4), True)
+
 This module is the definition, written to be read: :func:`attend` is one
 sequence's attention, step by step, and :func:`paged_attention` gathers each
 sequence's keys through its block table and attends. The conformance suite
@@ -159,6 +192,8 @@ def attend(
 
     ``query`` is ``[n, H, D]`` for tokens at ``positions``; ``key`` and
     ``value`` are ``[t, H_kv, D]`` for positions ``first_key .. first_key + t - 1``.
+    The output is as wide as ``value``, which may be narrower than ``key``
+    (:func:`attend_latent`).
     """
     group = query.shape[1] // key.shape[1]  # query head h reads KV head h // group
     k, v = np.repeat(key, group, axis=1), np.repeat(value, group, axis=1)
@@ -184,6 +219,34 @@ def attend(
     weights /= weights.sum(axis=-1, keepdims=True) + np.exp(sink[:, None, None] - top)
     out: F64 = np.einsum("hnt,thd->nhd", weights, v)
     return out
+
+
+def latent_kv(c_kv: F64, k_rope: F64) -> tuple[F64, F64]:
+    """What attention reads of latent rows ``[c_kv, k_rope]``: the key is the whole row, the
+    value its first ``latent_dim`` columns (``c_kv``). Shapes ``[t, 1, latent_dim]`` and
+    ``[t, 1, rope_dim]`` in; ``[t, 1, latent_dim + rope_dim]`` and ``[t, 1, latent_dim]`` out."""
+    return np.concatenate([c_kv, k_rope], axis=-1), c_kv
+
+
+def attend_latent(
+    query: F64,
+    c_kv: F64,
+    k_rope: F64,
+    positions: NDArray[np.int64],
+    scale: float,
+    variant: AttentionVariant = PLAIN,
+    *,
+    first_key: int = 0,
+) -> F64:
+    """Latent (absorbed multi-head latent) attention over one sequence's contiguous rows.
+
+    ``query`` is ``[n, H, latent_dim + rope_dim]``, each head ``[q_latent,
+    q_rope]``; ``c_kv`` ``[t, 1, latent_dim]`` and ``k_rope`` ``[t, 1,
+    rope_dim]``. Returns ``[n, H, latent_dim]``: :func:`attend` with the one
+    shared KV head :func:`latent_kv` reads.
+    """
+    key, value = latent_kv(c_kv, k_rope)
+    return attend(query, key, value, positions, scale, variant, first_key=first_key)
 
 
 def refuse_overflow(
@@ -235,7 +298,8 @@ def paged_attention(
     variant: AttentionVariant | None = None,
     group: int = 0,
 ) -> F64:
-    """Attention output ``[num_tokens, num_heads, head_dim]`` for every token of the batch.
+    """Attention output ``[num_tokens, num_heads, head_dim]`` for every token of the batch
+    (``[.., latent_dim]`` for a latent memory, whose query rows are ``[q_latent, q_rope]``).
 
     ``group`` is the KV cache group of ``layer``: whose block tables it reads
     (:meth:`spec.batch.BatchMetadata.tables`). A windowed layer gathers only
@@ -244,7 +308,7 @@ def paged_attention(
     """
     variant, scale = check_attention(query, batch, memory, scale, variant)
     layer, group = check_layer_group(batch, memory, layer, group)
-    out = np.empty((batch.num_tokens, query.shape[1], query.shape[2]))
+    out = np.empty((batch.num_tokens, query.shape[1], memory.value_dim))
     for i in range(batch.num_seqs):
         start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
         k, v, positions, first = gather_visible(batch, memory, layer, group, variant, i)
@@ -270,8 +334,10 @@ def check_attention(
     variant = PLAIN if variant is None else check_instance("variant", variant, AttentionVariant)
     num_kv_heads, head_dim = memory.shape[2], memory.shape[3]
     if query.ndim != 3 or query.shape[0] < batch.num_tokens or query.shape[2] != head_dim:
+        latent = memory.latent_dim
+        parts = "" if latent is None else f" (q_latent {latent} + q_rope {head_dim - latent})"
         raise InvalidRequestError(
-            f"query has shape {query.shape}, expected [{batch.num_tokens}, H, {head_dim}]"
+            f"query has shape {query.shape}, expected [{batch.num_tokens}, H, {head_dim}]{parts}"
         )
     if batch.block_size != memory.shape[1]:
         raise InvalidRequestError(
@@ -283,6 +349,12 @@ def check_attention(
     if num_heads % num_kv_heads:
         raise InvalidRequestError(f"{num_heads} query heads do not divide into {num_kv_heads}")
     variant.check_heads(num_heads)
+    if scale is None and memory.latent_dim is not None:
+        raise ArgumentValueError(
+            "scale: a latent layout needs the model's softmax scale (DeepSeek's is "
+            "1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)); it is never derived from the "
+            f"row width {head_dim}"
+        )
     scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
     return variant, scale
 
@@ -303,9 +375,14 @@ def gather_visible(
     variant: AttentionVariant,
     i: int,
 ) -> tuple[F64, F64, NDArray[np.int64], int]:
-    """Sequence ``i``'s K and V from its first visible key on, its query positions, that key."""
+    """Sequence ``i``'s K and V from its first visible key on, its query positions, that key.
+
+    Of a latent memory, the K and V attention reads (:func:`latent_kv`).
+    """
     start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
     positions = np.asarray(batch.positions[start:end], dtype=np.int64)
     first = variant.first_visible(int(positions[0]))
     k, v = memory.gather(layer, batch.tables(group)[i], batch.seq_lens[i], start=first)
+    if memory.latent_dim is not None:
+        k, v = latent_kv(k, v)
     return k, v, positions, first

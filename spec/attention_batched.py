@@ -19,6 +19,8 @@ backend runs :func:`paged_attention_batched`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -65,7 +67,7 @@ def paged_attention_batched(
     layer, group = check_layer_group(batch, memory, layer, group)
     check_instance("precision", precision, Precision)
     num_heads, row_elements = query.shape[1], memory.shape[2] * memory.shape[3]
-    out = np.empty((batch.num_tokens, num_heads, query.shape[2]))  # every row is some sequence's
+    out = np.empty((batch.num_tokens, num_heads, memory.value_dim))  # each row is some sequence's
     decodes = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
     for chunk in _decode_groups(batch, decodes, row_elements):
         rows = [batch.query_start_loc[i] for i in chunk]
@@ -159,9 +161,9 @@ def _padded(
     """The sequences' K and V head-major ``[S, H_kv, t, D]``, zero-padded to the longest,
     with the keys' positions ``[S, t]``, which are real, and the queries' positions ``[S, n]``."""
     width = max(k.shape[0] for k, _, _, _ in keys)
-    s, (h_kv, d) = len(keys), keys[0][0].shape[1:]
+    s, (h_kv, d), dv = len(keys), keys[0][0].shape[1:], keys[0][1].shape[2]  # latent: dv < d
     dt = np.dtype(precision.compute)
-    k_all, v_all = np.zeros((s, h_kv, width, d), dt), np.zeros((s, h_kv, width, d), dt)
+    k_all, v_all = np.zeros((s, h_kv, width, d), dt), np.zeros((s, h_kv, width, dv), dt)
     key_pos = np.zeros((s, width), dtype=np.int64)
     valid = np.zeros((s, width), dtype=np.bool_)
     for j, (k, v, _, first) in enumerate(keys):
@@ -171,6 +173,21 @@ def _padded(
         valid[j, : k.shape[0]] = True
     positions = np.stack([p for _, _, p, _ in keys])
     return k_all, v_all, key_pos, valid, positions
+
+
+def _scores(q: F64, k: F64, round_products: Callable[[F64], F64] | None) -> F64:
+    """``q @ k`` (``[S, H_kv, rows, D]`` by ``[S, H_kv, D, t]``); with ``round_products``, each
+    ``q_d * k_d`` rounded before the sum over ``D``, in slices of keys under the memory bound."""
+    if round_products is None:
+        out: F64 = q @ k
+        return out
+    rows, d, t = q.shape[2], q.shape[3], k.shape[3]
+    out = np.empty((*q.shape[:3], t), dtype=q.dtype)
+    step = max(1, _PREFILL_TILE_SCORES // max(1, q.shape[0] * q.shape[1] * rows * d))
+    for a in range(0, t, step):
+        products = q[..., :, :, None] * k[..., None, :, a : a + step]  # [S, H_kv, rows, D, t']
+        out[..., a : a + step] = round_products(products).astype(q.dtype).sum(axis=-2)
+    return out
 
 
 def attend_at_precision(
@@ -217,22 +234,28 @@ def _attend_batch(
 
     ``query`` ``[S, n, H, D]`` at ``positions`` ``[S, n]``; ``key``/``value``
     ``[S, H_kv, t, D]`` (head-major, as a kernel tiles them) at ``key_pos``
-    ``[S, t]``, of which ``valid`` are real.
+    ``[S, t]``, of which ``valid`` are real; ``value`` may be narrower than ``key``
+    (a latent row's c_kv), and the output is as wide as ``value``.
     Query head ``h`` reads KV head ``h // g`` with ``g = H / H_kv``: the heads
     of one KV head form one matrix, so K and V are never repeated per head.
     """
     dt = np.dtype(precision.compute)
     s, n, num_heads, d = query.shape
-    h_kv, t = key.shape[1], key.shape[2]
+    h_kv, t, dv = key.shape[1], key.shape[2], value.shape[3]
     g = num_heads // h_kv
     # [S, H_kv, g * n, D]: rows of one KV head's group; the g query heads of KV head j are j*g..
     q = np.asarray(query, dt).reshape(s, n, h_kv, g, d).transpose(0, 2, 3, 1, 4)
     q = q.reshape(s, h_kv, -1, d)
     k = np.asarray(key, dt).transpose(0, 1, 3, 2)  # [S, H_kv, D, t]
     v = np.asarray(value, dt)
+    p = precision
+    if p.round_q is not None:
+        q = p.round_q(q).astype(dt)
+    if p.round_dot is not None:
+        q, k, v = (p.round_dot(x).astype(dt) for x in (q, k, v))
     # In place where it can be: at production sizes each temporary is tens of megabytes.
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused just below
-        scores = (q @ k).reshape(s, num_heads, n, t)
+        scores = _scores(q, k, p.round_qk_products).reshape(s, num_heads, n, t)
         scores *= dt.type(scale)
         if variant.softcap is not None:
             cap = dt.type(variant.softcap)
@@ -259,11 +282,20 @@ def _attend_batch(
     total = weights.sum(axis=-1, keepdims=True)
     if variant.sinks is not None:
         total = total + np.exp(sinks - top)
-    if precision.round_p is None:
+    if p.p_error is not None:  # the spread of rounding P (relative, absolute), not the output
+        relative, absolute = p.p_error
+        seen = visible[:, None] & np.ones(weights.shape, dtype=np.bool_)
+        c = np.where(seen, np.maximum(weights * relative, absolute), 0.0)
+        var = ((c * c).reshape(s, h_kv, -1, t) @ (v * v)) / 3.0  # uniform rounding errors
+        mixed = np.sqrt(var) / total.reshape(s, h_kv, -1, 1)
+    elif p.round_p is None and p.round_dot is None:
         weights /= total
         mixed = weights.reshape(s, h_kv, -1, t) @ v
-    else:
-        p = precision.round_p(weights).astype(dt)
-        mixed = (p.reshape(s, h_kv, -1, t) @ v) / total.reshape(s, h_kv, -1, 1)
-    out: F64 = mixed.reshape(s, h_kv, g, n, d).transpose(0, 3, 1, 2, 4).reshape(s, n, num_heads, d)
+    else:  # as a kernel: the unnormalised P rounded, then divided by its unrounded sum
+        pr = weights if p.round_p is None else p.round_p(weights).astype(dt)
+        if p.round_dot is not None:
+            pr = p.round_dot(pr).astype(dt)
+        mixed = (pr.reshape(s, h_kv, -1, t) @ v) / total.reshape(s, h_kv, -1, 1)
+    out: F64 = mixed.reshape(s, h_kv, g, n, dv).transpose(0, 3, 1, 2, 4)
+    out = out.reshape(s, n, num_heads, dv)
     return out.astype(np.float64)

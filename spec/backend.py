@@ -26,6 +26,27 @@ K and for V, or converts to it in :meth:`Backend.read_cache`.
 >>> float(backend.read_cache(0)[0][0, 1, 0, 0])     # slot 3 is block 1, offset 1
 5.0
 
+**The latent layout** (multi-head latent attention, DeepSeek-V2/V3;
+:attr:`KVGeometry.latent_dim`, declared in :attr:`Capabilities.latent`). A
+layer holds one cache of rows ``[c_kv (latent_dim), k_rope (rope_dim)]``,
+``head_dim = latent_dim + rope_dim`` wide, with one KV head and no separate V.
+The same methods, with these shapes: :meth:`Backend.write_kv` takes ``key`` =
+c_kv ``[T, 1, latent_dim]`` and ``value`` = k_rope ``[T, 1, rope_dim]``
+(vLLM's ``kv_c`` and ``k_pe``) and stores their concatenation, c_kv first;
+:meth:`Backend.read_cache` and ``read_blocks`` return that pair back, ``[N, B,
+1, latent_dim]`` and ``[N, B, 1, rope_dim]``; :meth:`Backend.attention` takes
+``query`` ``[T, H, head_dim]`` (each head ``[q_latent, q_rope]``) and returns
+``[T, H, latent_dim]`` (:func:`spec.attention.attend_latent`), with the
+model's scale as given. An fp8 latent cache has one scale a layer for the
+whole row (``k_scale == v_scale``).
+
+>>> mla = ReferenceBackend()
+>>> mla.create_cache(KVGeometry(1, 2, 2, num_kv_heads=1, head_dim=3, latent_dim=2))
+>>> c_kv, k_rope = np.array([[[1.0, 2.0]]]), np.array([[[9.0]]])
+>>> mla.write_kv(0, c_kv, k_rope, slot_mapping=[1])
+>>> [x[0, 1, 0].tolist() for x in mla.read_cache(0)]
+[[1.0, 2.0], [9.0]]
+
 **KV cache groups and fixed-size state.** A model whose layers sit in several
 KV cache groups (:attr:`KVGeometry.layer_groups`, :mod:`spec.kv_groups`)
 gives each layer its own group's view of the step: layer ``l`` of group
@@ -130,6 +151,11 @@ class Backend(Protocol):
       the same rules for every block.
     * Inputs are read-only: the step's metadata tensors are handed to every
       layer, so a backend must never change an input in place.
+    * Latent layout: the shapes of the numpy contract's latent paragraph
+      (module text) on the device: ``key``/``value`` of ``write_kv`` and of
+      ``attention`` are c_kv ``[T, 1, latent_dim]`` and k_rope ``[T, 1,
+      rope_dim]``, ``read_blocks`` returns that pair, and ``attention``
+      returns ``[T, H, latent_dim]``.
 
     A return of the wrong kind, device, dtype or shape is a conformance
     failure naming what came back and what was expected
@@ -152,6 +178,8 @@ class Backend(Protocol):
 
         ``T = len(slot_mapping)``: rows past it are padding. Slot ``-1`` writes
         nothing. A quantized cache stores ``spec.quant.quantize(row, scale)``.
+        Latent layout: ``key`` is c_kv ``[>= T, 1, latent_dim]``, ``value``
+        k_rope ``[>= T, 1, rope_dim]``, stored as one row ``[c_kv, k_rope]``.
         """
         ...
 
@@ -162,7 +190,8 @@ class Backend(Protocol):
     def attention(
         self, layer: int, query: FloatArray, batch: BatchMetadata, scale: float
     ) -> FloatArray:
-        """Paged causal attention for every token of ``batch``: ``[T, H, D]`` in and out.
+        """Paged causal attention for every token of ``batch``: ``[T, H, D]`` in and out
+        (latent layout: ``[T, H, latent_dim + rope_dim]`` in, ``[T, H, latent_dim]`` out).
 
         A backend that declares :attr:`Capabilities.variants` also accepts a
         keyword ``variant`` (an :class:`~spec.attention.AttentionVariant`): it
@@ -172,7 +201,8 @@ class Backend(Protocol):
         ...
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
-        """This layer's K and V as ``[num_blocks, block_size, H_kv, D]`` float arrays (copies)."""
+        """This layer's K and V as ``[num_blocks, block_size, H_kv, D]`` float arrays (copies);
+        latent layout: c_kv ``[.., 1, latent_dim]`` and k_rope ``[.., 1, rope_dim]``."""
         ...
 
 
@@ -191,6 +221,7 @@ class ReferenceBackend:
             kv_dtypes=frozenset(KV_DTYPES),
             kv_groups=True,
             variants=frozenset(VARIANTS),
+            latent=None,  # any (latent_dim, rope_dim)
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
@@ -205,6 +236,7 @@ class ReferenceBackend:
             g.head_dim,
             kv_dtype=g.kv_dtype,
             kv_scales=g.kv_scales,
+            latent_dim=g.latent_dim,
         )
         self._geometry = g
 

@@ -59,15 +59,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Generic, TypeVar
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from spec.block_manager import PAD_BLOCK as PAD_BLOCK
 from spec.block_manager import BlockManager, cdiv, slot_range
 from spec.errors import ArgumentTypeError, InvalidBatchError, InvalidRequestError, UnknownBlockError
 from spec.validate import check_instance, check_int, is_int
+
+if TYPE_CHECKING:  # numpy is imported where arrays are built: the layout itself needs none
+    import numpy as np
+    from numpy.typing import NDArray
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -273,6 +274,8 @@ class BatchMetadata:
 
     @cached_property
     def _arrays(self) -> BatchArrays[NDArray[Any]]:
+        import numpy as np
+
         tables = tuple(_table_array(self.tables(g), self.num_seqs) for g in range(self.num_groups))
         slots = tuple(np.asarray(self.slots(g), dtype=np.int64) for g in range(self.num_groups))
         return BatchArrays(
@@ -435,6 +438,8 @@ class BatchMetadata:
 
 
 def _table_array(tables: Sequence[Sequence[int]], num_seqs: int) -> NDArray[np.int32]:
+    import numpy as np
+
     width = max(1, max((len(t) for t in tables), default=0))
     rows = [list(t) + [PAD_BLOCK] * (width - len(t)) for t in tables]
     return np.asarray(rows, dtype=np.int32).reshape(num_seqs, width)

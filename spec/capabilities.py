@@ -12,6 +12,14 @@ a backend written against an earlier revision keeps working unchanged.
 >>> caps = Capabilities("mine", dtypes={"float16"}, head_dims={64, 128})
 >>> caps.unsupported(KVGeometry(1, 8, 16, num_kv_heads=2, head_dim=96), num_heads=4)
 ['dtype float32', 'head dim 96']
+
+A backend runs the latent layout (multi-head latent attention) only where it says so:
+
+>>> mla = KVGeometry(1, 8, 16, num_kv_heads=1, head_dim=576, dtype="float16", latent_dim=512)
+>>> caps.unsupported(mla, num_heads=128)
+['latent layout 512+64']
+>>> Capabilities("mla", dtypes={"float16"}, latent={(512, 64)}).unsupported(mla, num_heads=128)
+[]
 """
 
 from __future__ import annotations
@@ -30,6 +38,26 @@ TENSOR_KINDS = ("numpy", "torch")
 """How arrays cross the boundary: numpy on the host (the default), or torch tensors on the
 backend's device (the device-resident contract: see :class:`spec.backend.Backend`)."""
 
+
+PRODUCTS = ("exact", "tf32", "activation", "fp8")
+"""How a backend's attention rounds its products, as it may declare (:attr:`Capabilities.products`).
+
+* ``exact``: every product exact and summed in float32 (a float32 ``tl.dot``
+  with ``input_precision="ieee"``; float16 and bfloat16 operands, whose
+  products float32 holds exactly).
+* ``tf32``: float32 products on TF32 operands (Q, K, P and V with 10 mantissa
+  bits), as a float32 ``tl.dot`` at its default precision computes on NVIDIA
+  GPUs (vLLM's Triton attention does); float16 and bfloat16 unchanged.
+* ``activation``: each ``q_d * k_d`` rounded to the activation dtype before
+  the float32 sum (a float16 decode kernel that saves registers so); float32
+  unchanged.
+* ``fp8``: Q and the probabilities cast to the cache's fp8 dtype before the
+  products (an fp8 cache's tensor-core path); unquantized caches unchanged.
+
+The suite judges a backend beside a same-precision reference that rounds as
+declared, and says so; undeclared, such a kernel fails, with the rounding
+named among the report's hypotheses.
+"""
 
 Excludes = Callable[[KVGeometry, int, AttentionVariant | None], str | None]
 """A backend's own rule for combinations it cannot run: geometry, query heads and a layer's
@@ -67,6 +95,17 @@ class Capabilities:
       max_query_len - 1`` tokens, and only when ``chunked_prefill`` is true
       too (a row of ``1 + k`` tokens after context is that kind of query).
     * Attention: ``variants``, a subset of :data:`spec.attention.VARIANTS`.
+    * ``latent``: the latent layout of multi-head latent attention
+      (:attr:`KVGeometry.latent_dim <spec.kv_geometry.KVGeometry>`), as the
+      ``(latent_dim, rope_dim)`` pairs it runs (``{(512, 64)}`` for
+      DeepSeek-V3's); empty (the default): none; ``None``: any. For a latent
+      geometry this set is the shape declaration: ``head_dims``,
+      ``num_kv_heads``, ``gqa_ratios`` and ``max_gqa_ratio`` describe the
+      ordinary layout and are not consulted (``excludes`` can veto more).
+    * ``products``: how attention rounds its products, one of :data:`PRODUCTS`
+      (``"exact"``, the default; ``"tf32"``; ``"activation"``; ``"fp8"``). A
+      declaration that contradicts the dtypes (``tf32`` without float32,
+      ``activation`` with float32 alone, ``fp8`` without an fp8 cache) is refused.
     * ``tensors``: ``"numpy"`` (the default contract) or ``"torch"``.
     * ``table_width``: block tables at least this many entries wide, as an
       engine's persistent table is (``None``: exactly as wide as the batch's
@@ -96,6 +135,8 @@ class Capabilities:
     kv_groups: bool = False  # layers in several KV cache groups, one table each
     speculative: bool = True  # multi-token decode rows (1 + k tokens), rolled back after
     variants: AbstractSet[str] = frozenset()  # of spec.attention.VARIANTS
+    latent: AbstractSet[tuple[int, int]] | None = frozenset()  # (latent, rope) pairs; None: any
+    products: str = "exact"  # how attention rounds its products: one of PRODUCTS
     tensors: str = "numpy"  # "numpy" (the default contract) or "torch"
     table_width: int | None = None  # block tables padded to at least this width; None: exact
     excludes: Excludes | None = field(default=None, compare=False, repr=False)  # its own veto
@@ -115,6 +156,8 @@ class Capabilities:
                 put(
                     self, name, frozenset(check_positive(f"capabilities.{name}", v) for v in values)
                 )
+        if self.latent is not None:
+            put(self, "latent", frozenset(_latent_pair(i, p) for i, p in enumerate(self.latent)))
         for name in (
             "max_gqa_ratio",
             "max_num_seqs",
@@ -128,6 +171,10 @@ class Capabilities:
             if f.type == "bool":
                 check_bool(f"capabilities.{f.name}", getattr(self, f.name))
         check_choice("capabilities.tensors", self.tensors, TENSOR_KINDS)
+        check_choice("capabilities.products", self.products, PRODUCTS)
+        contradiction = _products_contradict(self.products, self.dtypes, self.kv_dtypes)
+        if contradiction:
+            raise ArgumentValueError(f"capabilities.products={self.products!r} {contradiction}")
         if self.excludes is not None and not callable(self.excludes):
             raise ArgumentTypeError("capabilities.excludes must be callable or None")
 
@@ -141,12 +188,19 @@ class Capabilities:
             (g.dtype in self.dtypes, f"dtype {g.dtype}"),
             (g.kv_dtype is None or g.kv_dtype in self.kv_dtypes, f"KV dtype {g.kv_dtype}"),
             (_allows(self.block_sizes, g.block_size), f"block size {g.block_size}"),
-            (_allows(self.head_dims, g.head_dim), f"head dim {g.head_dim}"),
-            (_allows(self.num_kv_heads, g.num_kv_heads), f"{g.num_kv_heads} KV heads"),
-            (_allows(self.gqa_ratios, ratio), f"GQA ratio {ratio}"),
-            (self.max_gqa_ratio is None or ratio <= self.max_gqa_ratio, f"GQA ratio {ratio}"),
-            (g.num_groups == 1 or self.kv_groups, f"{g.num_groups} KV cache groups"),
         ]
+        if g.latent_dim is None:
+            checks += [
+                (_allows(self.head_dims, g.head_dim), f"head dim {g.head_dim}"),
+                (_allows(self.num_kv_heads, g.num_kv_heads), f"{g.num_kv_heads} KV heads"),
+                (_allows(self.gqa_ratios, ratio), f"GQA ratio {ratio}"),
+                (self.max_gqa_ratio is None or ratio <= self.max_gqa_ratio, f"GQA ratio {ratio}"),
+            ]
+        else:
+            pair = (g.latent_dim, g.head_dim - g.latent_dim)
+            ok = self.latent is None or pair in self.latent
+            checks.append((ok, f"latent layout {pair[0]}+{pair[1]}"))
+        checks.append((g.num_groups == 1 or self.kv_groups, f"{g.num_groups} KV cache groups"))
         if variant is not None:
             for name in sorted(variant.features - self.variants):
                 checks.append((False, f"attention variant {name}"))
@@ -182,6 +236,33 @@ class Capabilities:
             if why:
                 return why
         return None
+
+
+def _latent_pair(i: int, pair: object) -> tuple[int, int]:
+    """One declared ``(latent_dim, rope_dim)`` pair: two positive ints."""
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        raise ArgumentTypeError(
+            f"capabilities.latent[{i}] must be a (latent_dim, rope_dim) tuple, got {pair!r}"
+        )
+    latent = check_positive(f"capabilities.latent[{i}][0]", pair[0])
+    return latent, check_positive(f"capabilities.latent[{i}][1]", pair[1])
+
+
+def _products_contradict(
+    products: str, dtypes: AbstractSet[str], kv_dtypes: AbstractSet[str]
+) -> str | None:
+    """Why a product declaration cannot apply to anything the backend runs; ``None`` if it can.
+
+    >>> _products_contradict("tf32", frozenset({"float16"}), frozenset())
+    'rounds float32 products, but float32 is not among the dtypes'
+    """
+    if products == "tf32" and "float32" not in dtypes:
+        return "rounds float32 products, but float32 is not among the dtypes"
+    if products == "activation" and not dtypes - {"float32"}:
+        return "rounds products to a float16 or bfloat16 activation, but no such dtype is declared"
+    if products == "fp8" and not kv_dtypes:
+        return "casts to the fp8 cache dtype, but no kv_dtypes are declared"
+    return None
 
 
 def _allows(declared: AbstractSet[int] | None, value: int) -> bool:

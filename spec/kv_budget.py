@@ -75,6 +75,20 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_
     return 2 * math.prod(check_positive(name, value) for name, value in sizes.items())
 
 
+def latent_bytes_per_token(
+    num_layers: int, latent_dim: int, rope_dim: int, dtype_bytes: int
+) -> int:
+    """One latent row every layer (multi-head latent attention): ``layers x (latent + rope) x
+    bytes``, with no separate V and no per-head copies; every factor >= 1.
+
+    >>> latent_bytes_per_token(61, latent_dim=512, rope_dim=64, dtype_bytes=2)  # DeepSeek-V3
+    70272
+    """
+    sizes = {"num_layers": num_layers, "latent_dim": latent_dim, "rope_dim": rope_dim}
+    layers, latent, rope = (check_positive(name, value) for name, value in sizes.items())
+    return layers * (latent + rope) * check_positive("dtype_bytes", dtype_bytes)
+
+
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
     """Blocks a paged sequence of ``num_tokens`` holds: ``ceil(t / B)``."""
     return cdiv(

@@ -10,6 +10,14 @@ re-exports it) because the declaration of what a backend supports
 >>> g = KVGeometry(num_layers=2, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=64)
 >>> g.bytes_per_token, g.cache_dtype, g.group_of(1)   # 2 x 2 layers x 2 heads x 64 x 4 bytes
 (2048, 'float32', 0)
+
+A latent geometry (multi-head latent attention, :mod:`spec.kv_memory`) keeps
+one row of ``latent_dim + rope_dim`` a token and layer, and no separate V:
+DeepSeek-V3's 61 layers of 512 + 64 in bfloat16 cost 68.6 KiB a token.
+
+>>> mla = KVGeometry(61, 8, 64, num_kv_heads=1, head_dim=576, dtype="bfloat16", latent_dim=512)
+>>> mla.is_latent, mla.rope_dim, mla.value_dim, mla.kv_widths, mla.bytes_per_token
+(True, 64, 512, (512, 64), 70272)
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from spec.errors import ArgumentTypeError, ArgumentValueError
+from spec.kv_budget import kv_bytes_per_token, latent_bytes_per_token
+from spec.kv_memory import check_latent, check_latent_scales
 from spec.quant import FP8_FORMATS, check_fp8_scale
 from spec.validate import check_choice, check_int, check_positive
 
@@ -50,6 +60,14 @@ class KVGeometry:
     (k_scale, v_scale)``. ``layer_groups[layer]`` is the KV cache group whose
     block tables and slots the layer uses (:meth:`BatchMetadata.tables`);
     empty means every layer is in group 0.
+
+    ``latent_dim`` (``None``: the ordinary layout) is the latent layout of
+    multi-head latent attention: ``num_kv_heads`` is 1, ``head_dim`` is the
+    row's width ``latent_dim + rope_dim``, and each layer holds one cache of
+    rows ``[c_kv, k_rope]`` (no separate V; V is the first ``latent_dim``
+    columns). A quantized latent cache has one scale a layer for the whole
+    row, so each ``(k_scale, v_scale)`` pair must be equal (vLLM's MLA cache
+    write takes one scale).
     """
 
     num_layers: int  # layers that keep K and V
@@ -61,11 +79,13 @@ class KVGeometry:
     kv_dtype: str | None = None  # None: the cache stores ``dtype``; else an fp8 format
     kv_scales: tuple[tuple[float, float], ...] = ()  # per layer (k_scale, v_scale), fp8 only
     layer_groups: tuple[int, ...] = ()  # each layer's KV cache group; empty: all in group 0
+    latent_dim: int | None = None  # latent layout: rows [c_kv (latent_dim), k_rope]; None: K, V
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
             check_positive(name, getattr(self, name))
         check_choice("dtype", self.dtype, DTYPES)
+        check_latent(self.latent_dim, self.num_kv_heads, self.head_dim)
         if self.kv_dtype is not None:
             check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
             if len(self.kv_scales) != self.num_layers:
@@ -78,6 +98,8 @@ class KVGeometry:
                     raise ArgumentTypeError(f"kv_scales[{i}] must be a (k_scale, v_scale) tuple")
                 for j, s in enumerate(pair):
                     check_fp8_scale(f"kv_scales[{i}][{j}]", s)
+            if self.latent_dim is not None:
+                check_latent_scales(self.kv_scales)
         elif self.kv_scales:
             raise ArgumentValueError("kv_scales are only for a quantized kv_dtype")
         if self.layer_groups:
@@ -107,14 +129,41 @@ class KVGeometry:
         return self.layer_groups[layer] if self.layer_groups else 0
 
     @property
+    def is_latent(self) -> bool:
+        """Whether this is the latent layout (one row a token and layer, no separate V)."""
+        return self.latent_dim is not None
+
+    @property
+    def rope_dim(self) -> int | None:
+        """The rotary key's width in a latent row, ``head_dim - latent_dim``; ``None`` otherwise."""
+        return None if self.latent_dim is None else self.head_dim - self.latent_dim
+
+    @property
+    def value_dim(self) -> int:
+        """The width of V and of attention's output: ``latent_dim``, or ``head_dim``."""
+        return self.head_dim if self.latent_dim is None else self.latent_dim
+
+    @property
+    def kv_widths(self) -> tuple[int, int]:
+        """The widths of :meth:`~spec.backend.Backend.write_kv`'s ``key`` and ``value`` (and of
+        what reads return): ``(head_dim, head_dim)``, or ``(latent_dim, rope_dim)``."""
+        if self.latent_dim is None:
+            return self.head_dim, self.head_dim
+        return self.latent_dim, self.head_dim - self.latent_dim
+
+    @property
     def bytes_per_token(self) -> int:
-        """K and V of one token across every layer."""
+        """K and V of one token across every layer (latent: one row a layer)."""
         per = DTYPE_BYTES[self.cache_dtype]
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * per
+        if self.latent_dim is not None:
+            rope = self.head_dim - self.latent_dim
+            return latent_bytes_per_token(self.num_layers, self.latent_dim, rope, per)
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, per)
 
     @property
     def num_elements(self) -> int:
-        """Elements of one layer's K (or V) cache: offsets into it must not be computed in int32."""
+        """Elements of one layer's K (or V, or latent row) cache: offsets into it must not be
+        computed in int32."""
         return self.num_blocks * self.block_size * self.num_kv_heads * self.head_dim
 
 

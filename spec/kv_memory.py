@@ -23,6 +23,19 @@ an fp8 cache stores, ``fp8(x / scale)``, and gathers ``stored * scale``:
 >>> [float(x[0, 0, 0]) for x in q.gather(0, [0], 1)]
 [1.25, 1.25]
 
+Where a GPU's division may land either side of an fp8 tie
+(:func:`spec.quant.quantize_range`), the memory also knows the other value a
+correct kernel may store, and :meth:`KVMemory.accept` keeps a backend's choice,
+so that later attention reads the KV that is really there:
+
+>>> q.write(0, np.array([[[1.0625]]]), np.array([[[1.0]]]), slot_mapping=[1])  # 2.125: a tie
+>>> float(q.k[0][0, 1, 0, 0]), float(q.others(0, [0])[0][0, 1, 0, 0])
+(2.0, 2.25)
+>>> q.accept(0, 0, [1], np.array([[[2.25]]]))               # one element now holds 2.25
+1
+>>> float(q.k[0][0, 1, 0, 0]), float(q.others(0, [0])[0][0, 1, 0, 0])
+(2.25, 2.0)
+
 A pool of more than :data:`LAZY_ELEMENTS` elements per layer (a pool past
 2^31 elements, say) is *lazy*: it holds only the blocks written so far, so it
 costs memory for what a workload touches, not for its size; every other block
@@ -37,6 +50,23 @@ True
 >>> keys, _ = big.read_blocks(0, [0, 2**26 - 1])
 >>> bool(np.isnan(keys[0]).all()), float(keys[1, 0, 0, 0]), bool(np.isnan(keys[1, 1]).all())
 (True, 1.0, True)
+
+**The latent layout** (multi-head latent attention, DeepSeek-V2/V3): with
+``latent_dim`` set, a layer holds one array of *rows* ``[num_blocks,
+block_size, 1, head_dim]`` and no separate V. A token's row is ``[c_kv
+(latent_dim), k_rope (rope_dim)]``, ``head_dim = latent_dim + rope_dim``;
+:meth:`KVMemory.write` takes ``key`` = c_kv ``[T, 1, latent_dim]`` and
+``value`` = k_rope ``[T, 1, rope_dim]`` and stores their concatenation, and
+every read returns the same two column ranges (``k`` and ``v`` are views of
+them). Slots, copies, padding, laziness, NaN and fp8 are the rules above,
+unchanged; what attention reads of a row is :func:`spec.attention.latent_kv`.
+
+>>> lat = KVMemory(1, 2, 2, num_kv_heads=1, head_dim=3, latent_dim=2)   # rope_dim 1
+>>> lat.write(0, np.array([[[1.0, 2.0]]]), np.array([[[9.0]]]), slot_mapping=[1])
+>>> lat.rows[0][0, 1, 0].tolist()                        # slot 1: block 0, offset 1
+[1.0, 2.0, 9.0]
+>>> [x.shape for x in lat.read_blocks(0, [0])]           # (c_kv, k_rope)
+[(1, 2, 1, 2), (1, 2, 1, 1)]
 """
 
 from __future__ import annotations
@@ -49,7 +79,7 @@ from numpy.typing import NDArray
 from spec.batch import PAD_BLOCK, check_copies
 from spec.block_manager import PAD_SLOT
 from spec.errors import ArgumentValueError, InvalidRequestError, UnknownBlockError
-from spec.quant import FP8_FORMATS, check_fp8_scale, dequantize, quantize
+from spec.quant import FP8_FORMATS, check_fp8_scale, dequantize, quantize, quantize_range
 from spec.validate import check_choice, check_int, check_ints, check_positive
 
 F64 = NDArray[np.float64]
@@ -65,6 +95,49 @@ def held_lazily(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: i
     (True, False)
     """
     return num_blocks * block_size * num_kv_heads * head_dim > LAZY_ELEMENTS
+
+
+def check_latent(latent_dim: object, num_kv_heads: int, head_dim: int) -> int | None:
+    """The latent layout's widths, checked: the one rule for memories and geometries.
+
+    ``None`` is the ordinary layout. Otherwise ``latent_dim`` is an int with
+    ``0 < latent_dim < head_dim`` (the row is ``[c_kv, k_rope]``, and both parts
+    have columns) and there is one KV head: the row is shared by every query head.
+
+    >>> check_latent(512, num_kv_heads=1, head_dim=576)
+    512
+    >>> check_latent(576, num_kv_heads=1, head_dim=576)
+    Traceback (most recent call last):
+    ...
+    spec.errors.ArgumentValueError: latent_dim must be in 1..575, got 576
+    >>> check_latent(512, num_kv_heads=8, head_dim=576)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    spec.errors.ArgumentValueError: num_kv_heads must be 1 for a latent layout ..., got 8
+    """
+    if latent_dim is None:
+        return None
+    out = check_int("latent_dim", latent_dim, low=1, high=head_dim - 1)
+    if num_kv_heads != 1:
+        raise ArgumentValueError(
+            "num_kv_heads must be 1 for a latent layout (one row a token shared by every query "
+            f"head), got {num_kv_heads}"
+        )
+    return out
+
+
+def check_latent_scales(scales: Sequence[tuple[float, float]]) -> None:
+    """A latent fp8 cache has one scale a layer for its whole row: ``k_scale == v_scale``.
+
+    (vLLM's MLA cache write takes one scale; two would make c_kv and k_rope
+    of one row differ in how they are stored.)
+    """
+    for i, (k_scale, v_scale) in enumerate(scales):
+        if k_scale != v_scale:
+            raise ArgumentValueError(
+                f"kv_scales[{i}] is ({k_scale}, {v_scale}): a latent cache has one scale for "
+                "its whole row, so k_scale and v_scale must be equal"
+            )
 
 
 class _LazyBlocks:
@@ -107,7 +180,11 @@ class _LazyBlocks:
 
 
 class KVMemory:
-    """K and V for every layer, as float64, in the paged layout (fp8 values when quantized)."""
+    """K and V for every layer, as float64, in the paged layout (fp8 values when quantized).
+
+    With ``latent_dim``, the latent layout: one row array a layer (``rows``),
+    and ``k``/``v`` its c_kv and k_rope column ranges (see the module's text).
+    """
 
     def __init__(
         self,
@@ -120,27 +197,50 @@ class KVMemory:
         kv_dtype: str | None = None,
         kv_scales: Sequence[tuple[float, float]] = (),
         lazy: bool | None = None,
+        latent_dim: int | None = None,
     ) -> None:
         dims = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         names = ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim")
         num_layers, *rest = (check_positive(n, d) for n, d in zip(names, dims, strict=True))
+        self.latent_dim = check_latent(latent_dim, rest[2], rest[3])
         if kv_dtype is not None:
             check_choice("kv_dtype", kv_dtype, FP8_FORMATS)
         self.kv_dtype = kv_dtype
         self.kv_scales = _check_scales(kv_scales, num_layers, kv_dtype)
+        if self.latent_dim is not None:
+            check_latent_scales(self.kv_scales)
         shape = (rest[0], rest[1], rest[2], rest[3])
-        self.shape = shape
+        self.shape = shape  # a latent memory's is its rows': [N, B, 1, latent_dim + rope_dim]
+        self.widths = (shape[3], shape[3])  # of key and value: write's, and read's
+        if self.latent_dim is not None:
+            self.widths = (self.latent_dim, shape[3] - self.latent_dim)  # c_kv, k_rope
         self.num_layers = num_layers
         self.lazy = held_lazily(*shape) if lazy is None else bool(lazy)
         self.k: list[F64] = []
         self.v: list[F64] = []
+        self.rows: list[F64] = []  # latent and not lazy: each layer's one array; k, v view it
         self._lazy: list[tuple[_LazyBlocks, _LazyBlocks]] = []
         if self.lazy:
-            block = (shape[1], shape[2], shape[3])
-            self._lazy = [(_LazyBlocks(block), _LazyBlocks(block)) for _ in range(num_layers)]
+            k_block, v_block = ((shape[1], shape[2], w) for w in self.widths)
+            self._lazy = [(_LazyBlocks(k_block), _LazyBlocks(v_block)) for _ in range(num_layers)]
+        elif self.latent_dim is not None:
+            self.rows = [np.full(shape, np.nan) for _ in range(num_layers)]
+            self.k = [row[..., : self.latent_dim] for row in self.rows]  # views: c_kv
+            self.v = [row[..., self.latent_dim :] for row in self.rows]  # views: k_rope
         else:
             self.k = [np.full(shape, np.nan) for _ in range(num_layers)]
             self.v = [np.full(shape, np.nan) for _ in range(num_layers)]
+        # fp8: in each element, the other value a correct kernel may store (itself where none)
+        self._others = (
+            None
+            if kv_dtype is None
+            else KVMemory(*dims, lazy=self.lazy, latent_dim=latent_dim)  # holds values as given
+        )
+
+    @property
+    def value_dim(self) -> int:
+        """The width of V, and of attention's output: ``latent_dim`` for a latent memory."""
+        return self.shape[3] if self.latent_dim is None else self.latent_dim
 
     @property
     def num_slots(self) -> int:
@@ -156,22 +256,62 @@ class KVMemory:
         layer = self._check_layer(layer)
         slots = check_slot_mapping(slot_mapping, self.num_slots)
         n = slots.shape[0]
-        row = self.shape[2:]
-        for name, x in (("key", key), ("value", value)):
+        for which, (name, x) in enumerate((("key", key), ("value", value))):
             if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
                 raise InvalidRequestError(f"{name} must be a float array, got {type(x).__name__}")
+            row = (self.shape[2], self.widths[which])
             if x.ndim != 3 or x.shape[1:] != row or x.shape[0] < n:
+                part = "" if self.latent_dim is None else _LATENT_PARTS[which]
                 raise InvalidRequestError(
-                    f"{name} has shape {x.shape}, expected [>= {n}, {row[0]}, {row[1]}]"
+                    f"{name} has shape {x.shape}, expected [>= {n}, {row[0]}, {row[1]}]{part}"
                 )
         keep = slots != PAD_SLOT
         used = slots[keep]
+        others = []
         for which, x in enumerate((key, value)):
             stored = self._store(x[:n][keep], layer, which)
-            if self.lazy:
-                self._lazy[layer][which].put(used, stored)
-            else:
-                self._flat((self.k, self.v)[which][layer])[used] = stored
+            self._put_slots(layer, which, used, stored)
+            if self.kv_dtype is not None:
+                low, high = quantize_range(x[:n][keep], self.kv_scales[layer][which], self.kv_dtype)
+                others.append(np.where(stored == low, high, low))
+        if self._others is not None:
+            self._others.write(layer, others[0], others[1], used.tolist())
+
+    def others(self, layer: int, blocks: Sequence[int]) -> tuple[F64, F64]:
+        """For ``blocks`` of K and V, the other value a correct kernel may have stored in each
+        element: the neighbour across an fp8 rounding boundary that the exact quotient lies
+        within :data:`spec.quant.DIVISION_ULPS` of; the stored value itself elsewhere (and
+        in an unquantized memory)."""
+        if self._others is None:
+            return self.read_blocks(layer, blocks)
+        return self._others.read_blocks(layer, blocks)
+
+    def accept(self, layer: int, which: int, slots: Sequence[int], rows: F64) -> int:
+        """Hold ``rows`` (``[len(slots), H_kv, D]``, a backend's stored values) in ``slots`` of
+        K (``which`` 0) or V (1): each element must be what this memory holds there or the
+        other value a correct kernel may store (:meth:`others`). Returns how many elements
+        changed; a row that is neither is refused, naming it, and nothing changes."""
+        layer = self._check_layer(layer)
+        which = check_int("which", which, low=0, high=1)
+        index = check_slot_mapping(slots, self.num_slots)
+        if (index == PAD_SLOT).any():
+            raise ArgumentValueError("accept: slots must be slots of the pool, not padding")
+        new = np.asarray(rows, dtype=np.float64)
+        if new.shape != (index.shape[0], self.shape[2], self.widths[which]):
+            raise InvalidRequestError(f"rows has shape {new.shape}, expected {len(index)} rows")
+        held = self._read_slots(layer, which, index)
+        other = held if self._others is None else self._others._read_slots(layer, which, index)
+        same, alt = _equal(new, held), _equal(new, other)
+        bad = np.flatnonzero(~(same | alt).reshape(len(index), -1).all(axis=1))
+        if bad.size:
+            raise ArgumentValueError(
+                f"slot {int(index[bad[0]])} holds values no correct kernel stores there"
+            )
+        changed = int((~same).sum())
+        if changed and self._others is not None:
+            self._others._put_slots(layer, which, index, np.where(same, other, held))
+            self._put_slots(layer, which, index, new)
+        return changed
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy block ``src`` onto block ``dst`` for K and V of every layer.
@@ -191,13 +331,16 @@ class KVMemory:
             else:
                 self.k[layer][dst] = self.k[layer][src]
                 self.v[layer][dst] = self.v[layer][src]
+        if self._others is not None:
+            self._others.copy_blocks(pairs)
 
     def gather(
         self, layer: int, block_table: Sequence[int], num_tokens: int, *, start: int = 0
     ) -> tuple[F64, F64]:
         """K and V of positions ``start .. num_tokens - 1`` in logical order, dequantized.
 
-        Shapes ``[num_tokens - start, num_kv_heads, head_dim]``. Only the table
+        Shapes ``[num_tokens - start, num_kv_heads, head_dim]`` (latent: c_kv and
+        k_rope, ``[num_tokens - start, 1, latent_dim]`` and ``[.., 1, rope_dim]``). Only the table
         entries that hold those positions are read; each must be a block id.
         """
         layer = self._check_layer(layer)
@@ -227,7 +370,8 @@ class KVMemory:
         return dequantize(k, k_scale), dequantize(v, v_scale)
 
     def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[F64, F64]:
-        """Copies of K and V of ``blocks``, ``[len(blocks), B, H_kv, D]`` each, as stored."""
+        """Copies of K and V of ``blocks``, ``[len(blocks), B, H_kv, D]`` each, as stored
+        (latent: c_kv ``[len(blocks), B, 1, latent_dim]`` and k_rope ``[.., rope_dim]``)."""
         layer = self._check_layer(layer)
         ids = check_ints("blocks", blocks, low=0, high=self.shape[0] - 1)
         if self.lazy:
@@ -236,6 +380,19 @@ class KVMemory:
         index = np.asarray(ids, dtype=np.int64)
         return self.k[layer][index], self.v[layer][index]
 
+    def _read_slots(self, layer: int, which: int, slots: NDArray[np.int64]) -> F64:
+        """Copies of K (``which`` 0) or V (1) at ``slots``, as stored."""
+        if self.lazy:
+            return self._lazy[layer][which].rows(slots)
+        out: F64 = self._flat((self.k, self.v)[which][layer])[slots]
+        return out
+
+    def _put_slots(self, layer: int, which: int, slots: NDArray[np.int64], rows: F64) -> None:
+        if self.lazy:
+            self._lazy[layer][which].put(slots, rows)
+        else:
+            self._flat((self.k, self.v)[which][layer])[slots] = rows
+
     def _store(self, x: F64, layer: int, which: int) -> F64:
         """What the cache holds for ``x``: itself, or its fp8 value when quantized."""
         if self.kv_dtype is None:
@@ -243,10 +400,24 @@ class KVMemory:
         return quantize(x, self.kv_scales[layer][which], self.kv_dtype)
 
     def _flat(self, x: F64) -> F64:
-        return x.reshape(self.num_slots, *self.shape[2:])
+        """``x`` (a layer's K or V, or a latent row's column range) as ``[slots, H_kv, width]``:
+        a view, so writes through it land in the layer's array."""
+        out = x.reshape(self.num_slots, *x.shape[2:])
+        assert np.may_share_memory(out, x), "a slot view must not be a copy"
+        return out
 
     def _check_layer(self, layer: int) -> int:
         return check_int("layer", layer, low=0, high=self.num_layers - 1)
+
+
+_LATENT_PARTS = (" (c_kv: latent_dim columns)", " (k_rope: rope_dim columns)")
+"""How a latent memory's shape errors name what ``key`` and ``value`` hold."""
+
+
+def _equal(a: F64, b: F64) -> NDArray[np.bool_]:
+    """Elementwise equality in which NaN equals NaN (a stored NaN is a value like any other)."""
+    out: NDArray[np.bool_] = (a == b) | (np.isnan(a) & np.isnan(b))
+    return out
 
 
 def _check_scales(

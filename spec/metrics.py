@@ -33,10 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-import numpy as np
-
 from spec.errors import ArgumentTypeError, ArgumentValueError
-from spec.validate import check_real
+from spec.validate import check_real, is_array
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,7 @@ def check_step_end_times(
     ...
     spec.errors.ArgumentValueError: step_end_times[1] is 0.5, before step_end_times[0] = 1.0
     """
-    if isinstance(step_end_times, np.ndarray) and step_end_times.ndim == 1:
+    if is_array(step_end_times) and step_end_times.ndim == 1:
         step_end_times = step_end_times.tolist()
     if isinstance(step_end_times, str | bytes) or not isinstance(step_end_times, Sequence):
         raise ArgumentTypeError(

@@ -39,11 +39,29 @@ class Precision:
     *unnormalised* probabilities ``exp(s - max)`` before ``P @ V``, as a
     half-precision kernel does, which then divides by their (unrounded)
     float32 sum.
+
+    What a kernel's products round, where it declares so
+    (:attr:`spec.capabilities.Capabilities.products`): ``round_dot`` is applied
+    to both operands of both products (Q and K; the unnormalised P and V), as
+    a float32 ``tl.dot`` in TF32 reads them; ``round_q`` to the query (a
+    kernel that casts Q to the fp8 cache dtype); ``round_qk_products`` to each
+    ``q_d * k_d`` before the score's sum (a kernel that rounds the products to
+    save registers).
+
+    ``p_error = (relative, absolute)`` asks for something else than an
+    output: for each output, the standard deviation of the error that
+    rounding each unnormalised probability (by up to ``relative`` of it, and
+    at least ``absolute``: the dtype's subnormal spacing) adds to it, wherever
+    a kernel rounds (:func:`spec.attention_batched.paged_attention_batched`).
     """
 
     compute: str = "float64"  # the dtype of every product and sum: "float64" or "float32"
     round_kv: Callable[[F64], F64] | None = None  # applied to the K and V read; None: as stored
     round_p: Callable[[F64], F64] | None = None  # applied to exp(s - max) before P @ V
+    round_dot: Callable[[F64], F64] | None = None  # every product's operands (TF32)
+    round_q: Callable[[F64], F64] | None = None  # the query, before Q @ K
+    round_qk_products: Callable[[F64], F64] | None = None  # each q_d * k_d, before the sum
+    p_error: tuple[float, float] | None = None  # (relative, absolute): the spread, not the output
 
     def __post_init__(self) -> None:
         check_choice("compute", self.compute, COMPUTE_DTYPES)
@@ -51,7 +69,8 @@ class Precision:
     @property
     def exact(self) -> bool:
         """True for the spec's own arithmetic (float64, nothing rounded)."""
-        return self.compute == "float64" and self.round_kv is None and self.round_p is None
+        rounds = (self.round_kv, self.round_p, self.round_dot, self.round_q, self.round_qk_products)
+        return self.compute == "float64" and all(r is None for r in rounds) and not self.p_error
 
 
 EXACT = Precision()

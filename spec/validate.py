@@ -10,6 +10,11 @@ question the same way:
 * token ids are non-negative ints, checked element by element;
 * a scale is a finite, positive real number.
 
+numpy is optional here: where it is not installed (the sandbox page runs the
+spec in a browser without it) no value can be a numpy value, and the checks
+accept Python's own types only.
+
+>>> import numpy as np
 >>> check_int("block", np.int64(3), low=0)
 3
 >>> check_int("block", True)
@@ -32,11 +37,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TypeVar, cast
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, cast
 
 from spec.errors import ArgumentTypeError, ArgumentValueError
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+try:
+    from numpy import bool_ as _NpBool
+    from numpy import integer as _NpInteger
+    from numpy import ndarray as _NdArray
+    from numpy import number as _NpNumber
+except ModuleNotFoundError:  # no numpy (the browser sandbox), so no value is a numpy value
+
+    class _NoNumpy:
+        """Stands for each numpy type: a class that no argument is an instance of."""
+
+    _NpBool = _NpInteger = _NdArray = _NpNumber = _NoNumpy  # type: ignore[misc, assignment]
 
 _T = TypeVar("_T")
 
@@ -45,11 +63,16 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+def is_array(value: object) -> TypeGuard[NDArray[Any]]:
+    """A numpy array (never, where numpy is not installed)."""
+    return isinstance(value, _NdArray)
+
+
 def is_int(value: object) -> bool:
     """A Python int or a numpy integer, and not a bool."""
     if type(value) is int:  # the common case, first: a bool's type is bool, not int
         return True
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+    return isinstance(value, int | _NpInteger) and not isinstance(value, bool | _NpBool)
 
 
 def check_int(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
@@ -74,14 +97,14 @@ def check_positive(name: str, value: object) -> int:
 
 def check_bool(name: str, value: object) -> bool:
     """A flag: exactly ``True`` or ``False`` (the string ``'no'`` is not false)."""
-    if not isinstance(value, bool | np.bool_):
+    if not isinstance(value, bool | _NpBool):
         raise ArgumentTypeError(f"{name} must be a bool, got {_describe(value)}")
     return bool(value)
 
 
 def check_real(name: str, value: object, *, low: float | None = None) -> float:
     """A finite real number (int or float, not bool), as a float; at least ``low`` if given."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+    if isinstance(value, bool | _NpBool) or not isinstance(value, int | float | _NpNumber):
         raise ArgumentTypeError(f"{name} must be a real number, got {_describe(value)}")
     v = float(value)  # type: ignore[arg-type, unused-ignore]
     if not math.isfinite(v):
@@ -93,7 +116,7 @@ def check_real(name: str, value: object, *, low: float | None = None) -> float:
 
 def check_scale(name: str, value: object) -> float:
     """A multiplier that must be finite and positive (a softmax scale, an fp8 scale)."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+    if isinstance(value, bool | _NpBool) or not isinstance(value, int | float | _NpNumber):
         raise ArgumentTypeError(f"{name} must be a real number, got {_describe(value)}")
     v = float(value)  # type: ignore[arg-type, unused-ignore]
     if not (math.isfinite(v) and v > 0):
@@ -156,7 +179,7 @@ def as_sequence(name: str, values: object) -> Sequence[object]:
     Strings, bytes, sets, scalars and arrays of other ranks are refused: a set
     has no order, and a string of digits is not a list of tokens.
     """
-    if isinstance(values, np.ndarray):
+    if is_array(values):
         if values.ndim != 1:
             raise ArgumentTypeError(f"{name} must be one-dimensional, got shape {values.shape}")
         out: list[object] = values.tolist()

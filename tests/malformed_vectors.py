@@ -163,7 +163,7 @@ NAMED: list[Case] = [
     Case("empty manifest", _raw("")),
     Case("NUL byte in a string", _sub('"paged-spec-vectors"', '"paged-spec\u0000-vectors"')),
     Case("trailing text", lambda m, d: m.__setitem__("__raw__", json.dumps(m) + " {}")),
-    Case("duplicate key", _sub('"version": 1', '"version": 1, "version": 1')),
+    Case("duplicate key", _sub('"version": ', '"version": 2, "version": ')),
     Case("number inf", _sub('"num_layers": ', '"num_layers": Infinity, "x": ')),
     Case("number nan", _sub('"num_layers": ', '"num_layers": NaN, "x": ')),
     Case("number hex", _sub('"num_layers": ', '"num_layers": 0x1, "x": ')),
@@ -172,7 +172,7 @@ NAMED: list[Case] = [
     Case("NaN scale", _sub('"scale": ', '"scale": NaN, "x": ')),
     # the manifest's fields
     Case("version true", _set("version", True)),
-    Case("version 2", _set("version", 2)),
+    Case("version 3", _set("version", 3)),
     Case("num_layers 2.5", _both_geometries("num_layers", 2.5)),
     Case("num_heads 0", _set("num_heads", 0)),
     Case("num_heads not a multiple of num_kv_heads", _heads_3_of_2),
@@ -313,12 +313,24 @@ _OBJECTS = "manifest source geometry tolerance create_cache write_kv copy_blocks
 _OBJECTS += " read_kv finish batch"
 
 
+OPTIONAL = {"latent_dim"}  # of a geometry: absent is null (the ordinary layout)
+
+
 def _deletions(m: Manifest) -> Iterator[tuple[str, Edit]]:
-    """Delete each field of the manifest and of the first operation of each kind; add one."""
+    """Delete each required field of the manifest and of the first operation of each kind;
+    add one; give an optional field a value the format does not hold."""
     for kind in _OBJECTS.split():
         for key in _part(kind)(m):
-            yield f"{kind} without {key}", _without(kind, key)
+            if key not in OPTIONAL:
+                yield f"{kind} without {key}", _without(kind, key)
         yield f"{kind} with an unknown field", _with_extra(kind)
+    yield "a latent_dim on a version 1 manifest (it has none)", _latent_in_version_1
+    yield "a latent_dim the geometry's arrays do not match", _both_geometries("latent_dim", 4)
+
+
+def _latent_in_version_1(m: Manifest, d: Path) -> None:
+    m["version"] = 1
+    _both_geometries("latent_dim", 4)(m, d)
 
 
 def systematic(source: Path) -> list[Case]:

@@ -2,7 +2,8 @@
 
 Every call is made identically on the backend under test and on the reference:
 ``read_cache`` must agree bit for bit (NaN for never-written slots included) and
-attention within the dtype's tolerance, token by token, layer by layer.
+attention within the dtype's tolerance, token by token, layer by layer. The
+backends are on :data:`devices.DEVICE`, and one made without a device declares it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from backend_helpers import (
     make_scenario,
     shuffled_manager,
 )
+from devices import DEVICE, ON_GPU
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,9 +36,9 @@ from spec.kv_geometry import KVGeometry
 FEW = fewer_examples(6, minimum=3)
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
-    "triton": TritonBackend,
-    "triton-split": lambda: TritonBackend(num_splits=3),
-    "torch": TorchBackend,
+    "triton": lambda: TritonBackend(DEVICE),
+    "triton-split": lambda: TritonBackend(DEVICE, num_splits=3),
+    "torch": lambda: TorchBackend(DEVICE),
 }
 
 
@@ -75,11 +77,13 @@ def _check_against_reference(backend: Backend, s: Scenario) -> None:
             assert same, f"{name}: {kind} cache of layer {layer} differs from the reference"
 
 
-def test_backends_satisfy_the_protocol_and_declare_cpu(make_backend: Callable[[], Backend]) -> None:
+def test_backends_satisfy_the_protocol_and_declare_their_device(
+    make_backend: Callable[[], Backend],
+) -> None:
     backend = make_backend()
     assert isinstance(backend, Backend)
     caps = backend.capabilities
-    assert caps.device == "cpu" and caps.name in ("triton", "torch")
+    assert caps.device == str(DEVICE) and caps.name in ("triton", "torch")
     assert caps.unsupported(KVGeometry(1, 4, 3, 2, 24, dtype="bfloat16"), num_heads=16) == []
     with pytest.raises(InvalidRequestError, match="create_cache"):
         backend.read_cache(0)
@@ -184,13 +188,22 @@ def test_attention_rejects_a_batch_laid_out_for_another_block_size(
         backend.attention(0, s.queries[0][:, :1, :4], s.batch, 0.3)
 
 
-def test_importing_backend_gpu_without_cuda_turns_on_the_interpreter() -> None:
+@pytest.mark.parametrize("make", [TritonBackend, TorchBackend], ids=["triton", "torch"])
+def test_a_backend_made_without_a_device_declares_the_machines(make: Callable[[], Backend]) -> None:
+    """The GPU where kernels compile for one; the CPU under the interpreter (which hides a GPU
+    from ``make test``'s session, see tests/conftest.py)."""
+    assert make().capabilities.device == DEVICE.type
+
+
+def test_importing_backend_gpu_turns_on_the_interpreter_only_without_cuda() -> None:
+    """In a child that has not chosen: interpreted without CUDA, left to compile with it (the
+    child sees a GPU exactly when this session does)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "import torch, os, backend_gpu; "
-        "print(os.environ.get('TRITON_INTERPRET') if not torch.cuda.is_available() else '1')"
+        "print(torch.cuda.is_available(), os.environ.get('TRITON_INTERPRET'))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == "1"
+    assert result.stdout.split() == (["True", "None"] if ON_GPU else ["False", "1"])

@@ -24,15 +24,19 @@ from spec.kv_groups import KVCacheGroup
 
 
 def _torch() -> Backend:
+    from devices import DEVICE
+
     from backend_gpu.torch_backend import TorchBackend
 
-    return TorchBackend()
+    return TorchBackend(DEVICE)
 
 
 def _triton() -> Backend:
+    from devices import DEVICE
+
     from backend_gpu.triton_backend import TritonBackend
 
-    return TritonBackend()
+    return TritonBackend(DEVICE)
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {"torch": _torch, "triton": _triton}

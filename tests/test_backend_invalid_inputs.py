@@ -9,12 +9,14 @@ the cache dtype's largest. Each raises a :class:`~spec.errors.SpecError`
 subclass that names the argument, and leaves the cache exactly as it was
 (NaN for never-written slots included). A quantized cache does not refuse an
 overflow: it saturates, as :func:`spec.quant.quantize` does, on every backend.
-The shapes are tiny: the Triton kernels run under the interpreter here.
+The shapes are tiny (the Triton kernels run interpreted on a CPU); the backends
+and every tensor are on :data:`devices.DEVICE`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from backend_helpers import fewer_examples
+from devices import DEVICE
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,7 +43,10 @@ from spec.errors import (
     UnknownBlockError,
 )
 
-BACKENDS: dict[str, Callable[..., Any]] = {"torch": TorchBackend, "triton": TritonBackend}
+BACKENDS: dict[str, Callable[..., Any]] = {
+    "torch": functools.partial(TorchBackend, DEVICE),
+    "triton": functools.partial(TritonBackend, DEVICE),
+}
 ALL = {**BACKENDS, "reference": ReferenceBackend}
 T, V, B = ArgumentTypeError, ArgumentValueError, InvalidBatchError
 
@@ -280,10 +286,10 @@ def test_read_blocks_refuses_bad_block_ids(name: str, blocks: list[object]) -> N
 def test_device_contract_refuses_duplicate_and_out_of_range_slots(name: str) -> None:
     backend = BACKENDS[name](tensors="torch")
     backend.create_cache(KVGeometry(1, NUM_BLOCKS, BLOCK_SIZE, HEADS, DIM))
-    rows = torch.ones(2, HEADS, DIM)
-    backend.write_kv(0, rows, rows, torch.tensor([6, 7]))
+    rows = torch.ones(2, HEADS, DIM, device=DEVICE)
+    backend.write_kv(0, rows, rows, torch.tensor([6, 7], device=DEVICE))
     for slots, message in (([3, 3], "slot 3 twice"), ([1, 9], "slot_mapping[1] is 9")):
-        call = lambda s=slots: backend.write_kv(0, rows, rows, torch.tensor(s))  # noqa: E731
+        call = lambda s=slots: backend.write_kv(0, rows, rows, torch.tensor(s, device=DEVICE))  # noqa: E731
         assert message in _assert_refused(backend, call, V, "slot_mapping")
 
 
@@ -293,9 +299,9 @@ def test_device_contract_refuses_duplicate_and_out_of_range_slots(name: str) -> 
 def _slot_inputs(
     seq_len: int, query_len: int, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    tables = torch.arange(width, dtype=torch.int32).reshape(1, width)
-    qsl = torch.tensor([0, query_len], dtype=torch.int32)
-    return tables, qsl, torch.tensor([seq_len], dtype=torch.int32)
+    tables = torch.arange(width, dtype=torch.int32, device=DEVICE).reshape(1, width)
+    qsl = torch.tensor([0, query_len], dtype=torch.int32, device=DEVICE)
+    return tables, qsl, torch.tensor([seq_len], dtype=torch.int32, device=DEVICE)
 
 
 def test_compute_slot_mapping_checks_the_table_width() -> None:
@@ -306,7 +312,9 @@ def test_compute_slot_mapping_checks_the_table_width() -> None:
         compute_slot_mapping(*_slot_inputs(1, 2, 2), 2)
     tables, _, lens = _slot_inputs(4, 2, 2)
     with pytest.raises(InvalidRequestError, match="query_start_loc must start at 0"):
-        compute_slot_mapping(tables, torch.tensor([1, 2], dtype=torch.int32), lens, 2)
+        compute_slot_mapping(
+            tables, torch.tensor([1, 2], dtype=torch.int32, device=DEVICE), lens, 2
+        )
 
 
 # -- the invariant: a refused call changes nothing, whatever came before -------------------------
@@ -334,3 +342,48 @@ def test_any_refused_write_leaves_the_cache_unchanged(
         rows[-1, 0, -1] = bad_value
     call = lambda: backend.write_kv(0, rows, rows, slots)  # noqa: E731
     _assert_refused(backend, call, InvalidRequestError, "")
+
+
+# -- create_cache: a geometry, and one whose pool the device can hold -------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_create_cache_refuses_what_is_not_a_geometry(name: str) -> None:
+    backend, _ = _written(name)
+    fields = dataclasses.asdict(KVGeometry(1, NUM_BLOCKS, BLOCK_SIZE, HEADS, DIM))
+    for bad in (fields, None, "float16"):
+        call: Callable[[], object] = functools.partial(backend.create_cache, bad)
+        message = _assert_refused(backend, call, T, "geometry")
+        assert "must be a KVGeometry" in message
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_a_pool_the_device_cannot_hold_is_refused_before_allocating(name: str) -> None:
+    backend, _ = _written(name)
+    huge = KVGeometry(64, 1 << 38, 16, 8, 128, dtype="float16")  # 2^60 bytes
+    message = _assert_refused(backend, lambda: backend.create_cache(huge), InvalidRequestError, "")
+    assert f"{2 * 64 * (1 << 38) * 16 * 8 * 128 * 2:,} bytes" in message
+    assert "refused before allocating" in message and "num_blocks=274877906944" in message
+    assert "can't allocate" not in message  # torch's own words are not the message
+
+
+def test_the_fast_reference_names_a_precision_that_is_not_one() -> None:
+    from conformance.judges.fast_reference import PagedKV
+    from conformance.judges.fast_reference import paged_attention as fast
+    from spec.attention_batched import paged_attention_batched
+    from spec.kv_memory import KVMemory
+
+    batch = _step()
+    memory = KVMemory(1, NUM_BLOCKS, BLOCK_SIZE, HEADS, DIM, lazy=False)
+    memory.write(0, _rows(3).astype(np.float64), _rows(3, 2.0).astype(np.float64), [0, 1, 2])
+    before = memory.k[0].copy()
+    query = np.ones((3, HEADS, DIM))
+    fast_kv = PagedKV.from_memory(memory, 0, "cpu")
+    calls: list[Callable[[], object]] = [
+        lambda: fast(query, batch, fast_kv, precision="fast"),  # type: ignore[arg-type]
+        lambda: paged_attention_batched(query, batch, memory, 0, precision="fast"),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(ArgumentTypeError, match=r"precision must be a \w*Precision, got str"):
+            call()
+    assert np.array_equal(memory.k[0], before, equal_nan=True)

@@ -3,6 +3,8 @@ by token against float64 reference attention, with poisoned memory around every 
 
 Under the interpreter every program costs milliseconds, so shapes come from
 small fixed sets; Hypothesis example counts are a quarter of the profile's.
+Every tensor is built on :data:`devices.DEVICE` (the CPU interpreted, the GPU
+compiled), so each check and each refusal is the device's own.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ from backend_helpers import (
     fewer_examples,
     make_scenario,
 )
+from devices import DEVICE, ON_GPU
 from hypothesis import given
 from hypothesis import strategies as st
 
-import backend_gpu  # noqa: F401  (interpreter on CPU-only machines)
-from backend_gpu.kernels import attention as attention_module
 from backend_gpu.kernels import (
     choose_num_splits,
     compute_slot_mapping,
@@ -34,11 +35,11 @@ from backend_gpu.kernels import (
     paged_attention,
     reshape_and_cache,
 )
+from backend_gpu.kernels.target import TARGET_ENV
 from spec.attention import paged_attention as reference_attention
 from spec.errors import InvalidRequestError, UnknownBlockError
 
 FEW = fewer_examples(4, minimum=4)
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = ["float32", "float16", "bfloat16"]
 
 
@@ -120,10 +121,11 @@ def test_kv_write_matches_a_loop_bit_for_bit(
 
 def test_kv_write_accepts_rows_strided_out_of_a_fused_buffer() -> None:
     """K and V as column slices of one [T, 2, H_kv, D] buffer (rows strided, D dense)."""
-    kv = torch.randn(3, 2, 2, 8)
-    k_cache = torch.full((2, 2, 2, 8), float("nan"))
+    kv = torch.randn(3, 2, 2, 8, device=DEVICE)
+    k_cache = torch.full((2, 2, 2, 8), float("nan"), device=DEVICE)
     v_cache = k_cache.clone()
-    reshape_and_cache(kv[:, 0], kv[:, 1], k_cache, v_cache, torch.tensor([3, 0, 2]))
+    slots = torch.tensor([3, 0, 2], device=DEVICE)
+    reshape_and_cache(kv[:, 0], kv[:, 1], k_cache, v_cache, slots)
     assert torch.equal(k_cache[1, 1], kv[0, 0]) and torch.equal(v_cache[1, 0], kv[2, 1])
     assert bool(k_cache[0, 1].isnan().all())
 
@@ -172,8 +174,8 @@ def test_copy_blocks_matches_indexing_bit_for_bit(
 def test_copy_blocks_rejects_bad_copies_and_changes_nothing(
     copies: list[tuple[int, int]], error: type[Exception], match: str
 ) -> None:
-    k = torch.randn(9, 2, 1, 8)
-    v = torch.randn(9, 2, 1, 8)
+    k = torch.randn(9, 2, 1, 8, device=DEVICE)
+    v = torch.randn(9, 2, 1, 8, device=DEVICE)
     before = (k.clone(), v.clone())
     with pytest.raises(error, match=match):
         copy_blocks([k], [v], copies)
@@ -296,7 +298,7 @@ def _small() -> tuple[Scenario, dict[str, Any]]:
     s = make_scenario(1, [(4, 2)], block_size=4, num_kv_heads=2, group=2, head_dim=8)
     k, v = _cache_tensors(s)
     qsl, lens, tables = _metadata(s)
-    q = torch.from_numpy(s.queries[0]).float()
+    q = torch.from_numpy(s.queries[0]).to(DEVICE, torch.float32)
     return s, {"query": q, "k_cache": k, "v_cache": v, "query_start_loc": qsl,
                "seq_lens": lens, "block_tables": tables}  # fmt: skip
 
@@ -337,11 +339,11 @@ def test_attention_rejects_bad_split_counts_and_out_buffers() -> None:
         paged_attention(**args, block_n=24)
     with pytest.raises(InvalidRequestError, match="max_query_len, max_seq_len"):
         paged_attention(**args, max_query_len=1)
-    big = torch.zeros(1, 1, 1, 512)
+    big = torch.zeros(1, 1, 1, 512, device=DEVICE)
     with pytest.raises(InvalidRequestError, match="head dim 512"):
-        paged_attention(torch.zeros(1, 1, 512), big, big, *list(args.values())[3:])
+        paged_attention(torch.zeros(1, 1, 512, device=DEVICE), big, big, *list(args.values())[3:])
     with pytest.raises(InvalidRequestError, match="out must match"):
-        paged_attention(**args, out=torch.empty(1, 4, 8))
+        paged_attention(**args, out=torch.empty(1, 4, 8, device=DEVICE))
 
 
 @pytest.mark.parametrize(
@@ -356,38 +358,81 @@ def test_attention_rejects_bad_split_counts_and_out_buffers() -> None:
 def test_kv_write_rejects_bad_input_and_changes_nothing(
     slots: list[int], key_rows: int, dtype: torch.dtype, match: str
 ) -> None:
-    k_cache = torch.full((10, 4, 2, 8), float("nan"))
+    k_cache = torch.full((10, 4, 2, 8), float("nan"), device=DEVICE)
     v_cache = k_cache.clone()
-    key = torch.ones(key_rows, 2, 8, dtype=dtype)
+    key = torch.ones(key_rows, 2, 8, dtype=dtype, device=DEVICE)
     with pytest.raises(InvalidRequestError, match=match):
-        reshape_and_cache(key, key, k_cache, v_cache, torch.tensor(slots))
+        reshape_and_cache(key, key, k_cache, v_cache, torch.tensor(slots, device=DEVICE))
     assert bool(k_cache.isnan().all() and v_cache.isnan().all())
 
 
-def test_kv_write_rejects_int32_slots_and_mismatched_caches() -> None:
-    k_cache = torch.zeros(2, 2, 1, 8)
+def test_a_tensor_on_another_device_than_the_caches_is_refused_naming_both() -> None:
+    """The CPU beside a GPU cache (compiled), or ``meta`` beside a CPU cache (interpreted)."""
+    other = torch.device("cpu" if ON_GPU else "meta")
+    k_cache = torch.full((2, 2, 1, 8), float("nan"), device=DEVICE)
+    v_cache = k_cache.clone()
+    key, slots = torch.ones(1, 1, 8, device=DEVICE), torch.tensor([1], device=DEVICE)
+    expected = f"expected {k_cache.device}"
+    with pytest.raises(InvalidRequestError, match=f"slot_mapping is on {other}, {expected}"):
+        reshape_and_cache(key, key, k_cache, v_cache, slots.to(other))
+    with pytest.raises(InvalidRequestError, match=f"value is on {other}, {expected}"):
+        reshape_and_cache(key, key.to(other), k_cache, v_cache, slots)
+    assert bool(k_cache.isnan().all() and v_cache.isnan().all())
+    _, args = _small()
+    with pytest.raises(InvalidRequestError, match=f"seq_lens is on {other}, expected"):
+        paged_attention(**{**args, "seq_lens": args["seq_lens"].to(other)}, scale=0.5)
+
+
+def test_a_process_that_compiles_the_kernels_refuses_cpu_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without ``TRITON_INTERPRET`` (as on a CUDA machine) CPU tensors are refused before any
+    launch, saying what to set: the check reads the variable at each call."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    k_cache = torch.full((2, 2, 1, 8), float("nan"))
     key = torch.ones(1, 1, 8)
+    with pytest.raises(InvalidRequestError, match="CPU tensors need Triton's interpreter"):
+        reshape_and_cache(key, key, k_cache, k_cache.clone(), torch.tensor([0]))
+    assert bool(k_cache.isnan().all())
+
+
+@pytest.mark.gpu_only
+def test_cuda_tensors_are_refused_while_the_interpreter_is_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The converse, on a GPU: with ``TRITON_INTERPRET=1`` a kernel cannot take CUDA tensors."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    k_cache = torch.full((2, 2, 1, 8), float("nan"), device=DEVICE)
+    key = torch.ones(1, 1, 8, device=DEVICE)
+    slots = torch.tensor([0], device=DEVICE)
+    with pytest.raises(InvalidRequestError, match="kernels cannot run on CUDA tensors"):
+        reshape_and_cache(key, key, k_cache, k_cache.clone(), slots)
+    assert bool(k_cache.isnan().all())
+
+
+def test_kv_write_rejects_int32_slots_and_mismatched_caches() -> None:
+    k_cache = torch.zeros(2, 2, 1, 8, device=DEVICE)
+    key = torch.ones(1, 1, 8, device=DEVICE)
+    int32_slots = torch.tensor([0], dtype=torch.int32, device=DEVICE)
     with pytest.raises(InvalidRequestError, match="slot_mapping has dtype"):
-        reshape_and_cache(key, key, k_cache, k_cache.clone(), torch.tensor([0], dtype=torch.int32))
+        reshape_and_cache(key, key, k_cache, k_cache.clone(), int32_slots)
     with pytest.raises(InvalidRequestError, match="differ"):
-        reshape_and_cache(key, key, k_cache, k_cache.half(), torch.tensor([0]))
+        reshape_and_cache(key, key, k_cache, k_cache.half(), torch.tensor([0], device=DEVICE))
 
 
 def test_slot_mapping_rejects_mismatched_metadata() -> None:
-    tables = torch.zeros(2, 3, dtype=torch.int32)
+    tables = torch.zeros(2, 3, dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(2, dtype=torch.int32, device=DEVICE)
     with pytest.raises(InvalidRequestError, match="need query_start_loc of 3"):
-        compute_slot_mapping(
-            tables, torch.zeros(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32), 4
-        )
+        compute_slot_mapping(tables, torch.zeros(2, dtype=torch.int32, device=DEVICE), lens, 4)
     with pytest.raises(InvalidRequestError, match="block_size must be >= 1"):
-        compute_slot_mapping(
-            tables, torch.zeros(3, dtype=torch.int32), torch.ones(2, dtype=torch.int32), 0
-        )
+        compute_slot_mapping(tables, torch.zeros(3, dtype=torch.int32, device=DEVICE), lens, 0)
 
 
 def test_slot_mapping_pads_with_minus_one_and_refuses_short_sizes() -> None:
-    tables = torch.tensor([[3, 1]], dtype=torch.int32)
-    qsl, lens = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    tables = torch.tensor([[3, 1]], dtype=torch.int32, device=DEVICE)
+    qsl = torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([5], dtype=torch.int32, device=DEVICE)
     padded = compute_slot_mapping(tables, qsl, lens, 4, num_tokens=6, max_query_len=3)
     assert padded.tolist() == [14, 15, 4, -1, -1, -1]  # positions 2, 3, 4; then padding
     with pytest.raises(InvalidRequestError, match="num_tokens 2 is below the batch's 3"):
@@ -413,39 +458,43 @@ def test_attention_reads_query_rows_strided_out_of_a_fused_qkv_buffer() -> None:
     s = make_scenario(8, [(5, 3), (0, 2)], block_size=3, num_kv_heads=1, group=2, head_dim=8)
     k, v = _cache_tensors(s)
     qsl, lens, tables = _metadata(s)
-    fused = torch.randn(s.batch.num_tokens, 3 * s.num_heads, 8)
-    fused[:, : s.num_heads] = torch.from_numpy(s.queries[0]).float()
+    fused = torch.randn(s.batch.num_tokens, 3 * s.num_heads, 8, device=DEVICE)
+    fused[:, : s.num_heads] = torch.from_numpy(s.queries[0]).to(DEVICE, torch.float32)
     got = paged_attention(fused[:, : s.num_heads], k, v, qsl, lens, tables, 0.3)
     want = reference_attention(s.queries[0], s.batch, s.memory, 0, 0.3)
-    assert_attention_close(got.numpy(), want, "float32", s.batch, 0, "strided query")
+    assert_attention_close(got.cpu().numpy(), want, "float32", s.batch, 0, "strided query")
 
 
 def test_attention_of_an_empty_batch_is_empty() -> None:
-    k = torch.full((2, 4, 1, 8), float("nan"))
-    empty = torch.zeros(0, dtype=torch.int32)
-    out = paged_attention(
-        torch.zeros(0, 2, 8), k, k.clone(), torch.zeros(1, dtype=torch.int32), empty,
-        torch.zeros(0, 1, dtype=torch.int32), 0.5,
-    )  # fmt: skip
+    k = torch.full((2, 4, 1, 8), float("nan"), device=DEVICE)
+    qsl = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    lens = torch.zeros(0, dtype=torch.int32, device=DEVICE)
+    tables = torch.zeros(0, 1, dtype=torch.int32, device=DEVICE)
+    query = torch.zeros(0, 2, 8, device=DEVICE)
+    out = paged_attention(query, k, k.clone(), qsl, lens, tables, 0.5)
     assert out.shape == (0, 2, 8)
 
 
 def test_split_heuristic_fills_a_gpu_only_when_it_would_idle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Long-context decode of a small batch splits; big batches, prefill, short contexts don't."""
-    monkeypatch.setattr(attention_module, "_sm_count", lambda index: 132)
-    gpu = torch.device("cuda", 0)
+    """Long-context decode of a small batch splits; big batches, prefill, short contexts don't.
+    The interpreter plays an H200 by default; its own plan splits every long decode."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(TARGET_ENV, "h200")
 
     def splits(seqs: int, query_len: int, context: int) -> int:
-        return choose_num_splits(seqs, 8, 32, 128, query_len, context, gpu)
+        return choose_num_splits(seqs, 8, 32, 128, query_len, context, cpu)
 
     assert splits(1, 1, 32768) == 33  # 8 programs; ceil(264 / 8) splits of >= 512 keys
     assert splits(4, 1, 4096) == 8  # capped at ceil(4096 / 512)
     assert splits(64, 1, 4096) == 1  # 512 programs already fill 132 SMs twice
     assert splits(1, 1, 512) == 1  # too short to pay for the merge
     assert splits(1, 512, 32768) == 1  # prefill tiles bring their own parallelism
-    cpu = torch.device("cpu")  # the interpreter: long decodes split so the CPU path covers it
-    assert choose_num_splits(1, 8, 32, 128, 1, 32768, cpu) == 4
-    assert choose_num_splits(1, 8, 32, 128, 1, 255, cpu) == 1
-    assert choose_num_splits(1, 8, 32, 128, 8, 32768, cpu) == 1  # prefill tiles: no split
+    monkeypatch.setenv(TARGET_ENV, "interpreter")
+    assert splits(1, 1, 32768) == 4
+    assert splits(1, 1, 255) == 1
+    assert splits(1, 8, 32768) == 1  # prefill tiles: no split
+    monkeypatch.setenv(TARGET_ENV, "h100")
+    with pytest.raises(InvalidRequestError, match="PAGED_SPEC_LAUNCH_TARGET='h100'"):
+        splits(1, 1, 32768)

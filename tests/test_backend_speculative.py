@@ -34,15 +34,19 @@ from spec.cache_manager import FULL_ATTENTION, CacheManager, sliding_window
 
 
 def _torch() -> Backend:
+    from devices import DEVICE
+
     from backend_gpu.torch_backend import TorchBackend
 
-    return TorchBackend()
+    return TorchBackend(DEVICE)
 
 
 def _triton() -> Backend:
+    from devices import DEVICE
+
     from backend_gpu.triton_backend import TritonBackend
 
-    return TritonBackend()
+    return TritonBackend(DEVICE)
 
 
 HEADS, KV_HEADS, DIM = 2, 1, 4

@@ -5,7 +5,8 @@ as bytes), block copies must move fp8 bytes unchanged, and attention with every
 variant must match the float64 reference of the dequantized values token by
 token, single pass and split-KV, including windowed contexts several times
 longer than the window (so key tiles wholly before it exist) and tables whose
-blocks before the window are released or poisoned.
+blocks before the window are released or poisoned. Tensors and backends are on
+:data:`devices.DEVICE` (the CPU interpreted, the GPU compiled).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from backend_helpers import (
     fewer_examples,
     make_scenario,
 )
+from devices import DEVICE
 from hypothesis import given
 from hypothesis import strategies as st
 
-import backend_gpu  # noqa: F401  (interpreter on CPU-only machines)
-from backend_gpu.kernels import attention as attention_module
+from backend_gpu.dtypes import FP8_TORCH
 from backend_gpu.kernels import choose_num_splits, copy_blocks, paged_attention, reshape_and_cache
-from backend_gpu.kernels._fp8 import FP8_TORCH
+from backend_gpu.kernels.target import TARGET_ENV
 from backend_gpu.torch_backend import TorchBackend
 from backend_gpu.triton_backend import TritonBackend
 from spec.attention import PLAIN, VARIANTS, AttentionVariant, alibi_slopes
@@ -43,7 +44,6 @@ from spec.kv_geometry import KV_DTYPES, KVGeometry
 from spec.quant import FP8_FORMATS, quantize
 
 FEW = fewer_examples(4, minimum=4)
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HEADS = 4  # two KV heads, two query heads each
 
 SCALES = {"fp8_e4m3": (1 / 256, 3 / 448), "fp8_e5m2": (2.0**-15, 3 / 57344)}
@@ -303,8 +303,11 @@ def test_attention_matches_reference_with_random_variants(
     [
         (lambda a: a.update(window=0), "window must be >= 1, got 0"),
         (lambda a: a.update(softcap=-1.0), "softcap must be finite and > 0"),
-        (lambda a: a.update(sinks=torch.zeros(3)), "sinks has 3 entries, but there are 4"),
-        (lambda a: a.update(alibi_slopes=torch.zeros(4).double()), "alibi_slopes has dtype"),
+        (lambda a: a.update(sinks=torch.zeros(3, device=DEVICE)), "sinks has 3 entries, but"),
+        (
+            lambda a: a.update(alibi_slopes=torch.zeros(4, device=DEVICE).double()),
+            "alibi_slopes has dtype",
+        ),
         (lambda a: a.update(k_scale=0.0), "k_scale must be finite and > 0"),
         (lambda a: a.update(v_scale=float("inf")), "v_scale must be finite and > 0"),
         (lambda a: a.update(query=a["query"].half()), "query dtype"),
@@ -316,7 +319,7 @@ def test_variant_arguments_are_checked(
     s = _scenario(1, [(4, 2)])
     k, v = _cache_tensors(s)
     qsl, lens, tables = _tensors(s.batch)
-    q = torch.from_numpy(s.queries[0]).float()
+    q = torch.from_numpy(s.queries[0]).to(DEVICE, torch.float32)
     args: dict[str, object] = {
         "query": q, "k_cache": k.float(), "v_cache": v.float(),
         "query_start_loc": qsl, "seq_lens": lens, "block_tables": tables,
@@ -330,7 +333,7 @@ def test_a_fp8_cache_takes_any_float_query_and_checks_released_entries() -> None
     s = _scenario(4, [(30, 1)], kv_dtype="fp8_e4m3")
     k, v = _cache_tensors(s)
     qsl, lens, tables = _tensors(s.batch)
-    q = torch.from_numpy(s.queries[0]).to(torch.bfloat16)
+    q = torch.from_numpy(s.queries[0]).to(DEVICE, torch.bfloat16)
     out = paged_attention(q, k, v, qsl, lens, tables, 0.5, window=4)
     assert out.dtype == torch.bfloat16
     released = _tensors(_released(s.batch, 4, PAD_BLOCK))[2]
@@ -342,22 +345,23 @@ def test_a_fp8_cache_takes_any_float_query_and_checks_released_entries() -> None
 def test_a_short_window_over_a_long_context_needs_no_split(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Splits divide what one query tile sees: the window, not the context."""
-    monkeypatch.setattr(attention_module, "_sm_count", lambda index: 132)
-    gpu = torch.device("cuda", 0)
-    assert choose_num_splits(1, 8, 32, 128, 1, 32768, gpu) == 33
-    assert choose_num_splits(1, 8, 32, 128, 1, 32768, gpu, window=128) == 1
-    assert choose_num_splits(1, 8, 32, 128, 1, 32768, gpu, window=8192) == 16
+    """Splits divide what one query tile sees: the window, not the context (the interpreter
+    plans for an H200 by default, and by its own plan on request)."""
     cpu = torch.device("cpu")
+    monkeypatch.setenv(TARGET_ENV, "h200")
+    assert choose_num_splits(1, 8, 32, 128, 1, 32768, cpu) == 33
+    assert choose_num_splits(1, 8, 32, 128, 1, 32768, cpu, window=128) == 1
+    assert choose_num_splits(1, 8, 32, 128, 1, 32768, cpu, window=8192) == 16
+    monkeypatch.setenv(TARGET_ENV, "interpreter")
     assert choose_num_splits(1, 8, 32, 128, 1, 1100, cpu, window=64) == 1
 
 
 # -- the backends, through the contract --------------------------------------------------------
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
-    "triton": TritonBackend,
-    "triton-split": lambda: TritonBackend(num_splits=3),
-    "torch": TorchBackend,
+    "triton": lambda: TritonBackend(DEVICE),
+    "triton-split": lambda: TritonBackend(DEVICE, num_splits=3),
+    "torch": lambda: TorchBackend(DEVICE),
 }
 
 

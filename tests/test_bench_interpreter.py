@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from benchmarks.interpreter import _without_speed_ups
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter"
-)
+pytestmark = pytest.mark.needs_interpreter
 
 
 def test_the_baseline_puts_back_only_the_speed_ups() -> None:

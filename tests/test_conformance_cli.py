@@ -206,3 +206,35 @@ def test_replay_of_a_file_backend_runs_from_any_directory() -> None:
     assert f"--backend {absolute} " in reproduce_command(result)
     named = RunResult(BROKEN, "quick", 5, Capabilities("x"), (), RunStats())
     assert f"load_backend({BROKEN!r})" in replay_script(named)
+
+
+def _keeps_evicted_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant a bug in the spec itself: the pool evicts a cached block but keeps its hash."""
+    from spec.block_pool import BlockPool
+
+    allocate = BlockPool.allocate
+
+    def keeps_hash(self: BlockPool) -> int:
+        if not self._free and self._evictable:
+            block, _ = self._evictable.popitem(last=False)  # reused, its hash not dropped
+            self.num_evictions += 1
+            self._ref_counts[block] = 1
+            return block
+        return allocate(self)
+
+    monkeypatch.setattr(BlockPool, "allocate", keeps_hash)
+
+
+def test_a_spec_side_bug_is_blamed_on_the_spec_not_the_backend(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _keeps_evicted_hashes(monkeypatch)
+    report = tmp_path / "r.json"
+    argv = ["run", "--backend", "reference", "--in-process", "--seed", "1", "--no-database"]
+    assert main([*argv, "--max-examples", "3", "--no-shrink", "--report", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert "a bug in spec/ or in the suite, not the backend" in err
+    assert "but has a prefix-cache hash" in err and "backend failed" not in err
+    data = json.loads(report.read_text())
+    assert data["verdict"].startswith("SETUP ERROR: a bug in spec/ or in the suite")
+    assert data["passed"] is False

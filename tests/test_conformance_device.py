@@ -108,9 +108,12 @@ def test_the_torch_backend_runs_fp8_and_a_variant_through_the_device_contract(
 
 
 def test_the_triton_backend_serves_the_device_contract() -> None:
+    """On the device its kernels run on: the CPU interpreted, the GPU compiled."""
+    from devices import DEVICE
+
     from backend_gpu.triton_backend import make_device_backend as triton_device
 
-    backend = triton_device("cpu")
+    backend = triton_device(DEVICE)
     assert backend.capabilities.tensors == "torch"
     ls = Lockstep(backend, _config(dtype="float16"))
     _drive(ls)

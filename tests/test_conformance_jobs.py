@@ -17,7 +17,7 @@ from conformance.run.shard import Claims
 ROOT = Path(__file__).resolve().parents[1]
 SEGFAULTS = f"{ROOT / 'tests' / 'misbehaving_backends.py'}:SegfaultsInWriteKV"
 BROKEN = "conformance.planted.backends:WritesPaddingSlot"
-TIMING = ("jobs", "wall_time_s", "slowest_call")  # how it ran, not what it checked
+TIMING = ("jobs", "wall_time_s", "slowest_call", "time_split")  # how it ran, not what it checked
 
 
 def _report(tmp_path: Path, name: str, *argv: str) -> tuple[int, dict[str, Any]]:

@@ -32,6 +32,7 @@ def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
     assert f"caught {total}/{total}" in done.stdout
     assert "MISSED" not in done.stdout and "false alarm" not in done.stdout
     assert "correct backend numpy: passes" in done.stdout
+    assert "correct backend numpy-latent: passes" in done.stdout
     assert "correct backend triton --check-bounds strict: passes" in done.stdout
     assert f"bounds check: caught {len(PLANTED_BOUNDS)}/{len(PLANTED_BOUNDS)}" in done.stdout
     assert "correct backend torch (device contract): passes" in done.stdout

@@ -49,7 +49,7 @@ def _problems(svg: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["scheduler-loop", "static-loop", "mixed-step"])
+@pytest.mark.parametrize("name", ["scheduler-loop", "static-loop", "mixed-step", "latent-block"])
 def test_labels_are_legible(name: str) -> None:
     assert _problems(DIAGRAMS[name]()) == []
 

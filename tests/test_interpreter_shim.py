@@ -14,8 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
+import devices  # noqa: F401  (turns the interpreter on without CUDA, before the kernels below)
 import numpy as np
 import pytest
 import torch
@@ -26,9 +25,7 @@ from hypothesis import strategies as st
 
 from conformance.interpreter import InterpreterLimit, honest_interpreter, limit_in
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter"
-)
+pytestmark = pytest.mark.needs_interpreter
 
 # the largest finite value of each format: compiled Triton saturates there (cvt.rn.satfinite)
 TARGETS = {

@@ -5,15 +5,14 @@ The first test builds the wheel (setuptools, as ``pip wheel`` runs it); the
 second installs it into a new virtual environment that borrows this one's
 dependencies (numpy, Hypothesis, torch, pytest) through a path file, so no
 download is needed, and runs there, outside the repository:
-``paged-spec list``, ``paged-spec run``, ``pytest --paged-backend`` and
+``paged-spec list``, ``paged-spec run`` (reference, torch, triton),
+``pytest --paged-backend`` and
 ``python -c "import tools"`` (which must fail).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -21,48 +20,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from wheel_fixture import ROOT, wheel
+from wheel_fixture import clean_env as _env
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["wheel"]  # the session fixture, imported for pytest
+
 PACKAGES = {"spec", "backend_gpu", "conformance", "paged_spec"}
 NOT_SHIPPED = {"tests", "docs_tools", "benchmarks", "tools", "docs"}
-_IGNORED = shutil.ignore_patterns(
-    ".git", ".venv", "build", "*.egg-info", "__pycache__", ".hypothesis", ".mypy_cache",
-    ".pytest_cache", ".ruff_cache", "site", "out", "mutants", ".whl",
-)  # fmt: skip
-"""What the repository's .gitignore leaves out: never part of a build."""
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """This environment without the repository on the path or a byte-compiling veto.
-
-    ``PYTHONDONTWRITEBYTECODE`` makes setuptools print "byte-compiling is
-    disabled", which is about the machine, not the package.
-    """
-    drop = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTEST_ADDOPTS", "VIRTUAL_ENV")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PAGED_SPEC_")}
-    return {**env, **extra}
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The wheel, built from a clean copy of the sources; and everything the build printed."""
-    work = tmp_path_factory.mktemp("wheel")
-    source = work / "src"
-    shutil.copytree(ROOT, source, ignore=_IGNORED)
-    # setuptools from this environment when it has it (no index needed), else pip's isolated build
-    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
-    dist = work / "dist"
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", source, "--no-deps", "-v", "-w", dist, *isolation],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    (built,) = (work / "dist").glob("paged_spec-*.whl")
-    return built, output
 
 
 def test_the_wheel_builds_without_a_warning(wheel: tuple[Path, str]) -> None:
@@ -137,6 +101,10 @@ def test_installed_in_a_fresh_environment_the_script_and_the_plugin_work(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "conformance: backend 'reference' (profile quick, seed 1): " in done.stdout
     assert "FAILED" not in done.stdout
+    for backend in ("torch", "triton"):  # the full install runs every installed backend
+        done = run(bin_dir / "paged-spec", "run", "--backend", backend, "--max-examples", "1",
+                   "--time-budget", "3", "--budget-passes", *quick)  # fmt: skip
+        assert done.returncode == 0 and "FAILED" not in done.stdout, done.stdout + done.stderr
     session = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--paged-backend",
                   "reference", "--paged-time-budget", "3", "--paged-seed", "1",
                   "--paged-no-database")  # fmt: skip

@@ -582,3 +582,17 @@ def test_an_exhausted_pool_refuses_and_counts_one_failure(
     assert ([pool.ref_count(b) for b in range(num_blocks)], pool.num_evictions) == before
     assert pool.num_allocation_failures == failures + 1
     pool.check_integrity(holders)
+
+
+@pytest.mark.parametrize("bad", [["a"], "abc", None, [True, False], {"x": 1}])
+def test_fp8_rounding_names_values_that_are_not_numbers(bad: object) -> None:
+    from spec.quant import quantize, quantize_range, round_fp8
+
+    for call in (
+        lambda: round_fp8(bad, "fp8_e4m3"),  # type: ignore[arg-type]
+        lambda: quantize(bad, 1.0, "fp8_e4m3"),  # type: ignore[arg-type]
+        lambda: quantize_range(bad, 1.0, "fp8_e5m2"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ArgumentTypeError, match="x must be real numbers"):
+            call()
+    assert round_fp8(np.array([1.0, 500.0]), "fp8_e4m3").tolist() == [1.0, 448.0]  # still rounds

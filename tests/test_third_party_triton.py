@@ -15,10 +15,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conformance import load_backend, run_suite
+from conformance.reports.report import text_report
 from spec.kv_geometry import KVGeometry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +40,31 @@ def test_the_adapter_conforms_decode_only_with_the_rest_skipped(
     assert "dtype bfloat16: not in the backend capabilities" in skipped
     assert "max_query_len is 1 (decode-only)" in skipped
     assert "excluded by the backend: head dim 8 in float16" in skipped
+
+
+FAST_FP32 = "tests/third_party_triton/adapter.py:make_fast_fp32_backend"
+DECLARED_FAST_FP32 = "tests/third_party_triton/adapter.py:make_declared_fast_fp32_backend"
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the CPU path needs TRITON_INTERPRET=1")
+def test_tf32_products_fail_undeclared_naming_tf32_and_pass_declared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Their float32 path at tl.dot's default precision: the honest interpreter rounds its
+    operands to TF32 as an NVIDIA GPU does, so the CPU run fails it, naming TF32 products in
+    the report's first lines; declared (products="tf32"), it is judged as such and passes."""
+    monkeypatch.chdir(ROOT)
+    run: dict[str, Any] = {"run_seed": 3, "database": None, "max_examples": 6, "passes": ("short",)}
+    undeclared = run_suite(
+        load_backend(FAST_FP32), FAST_FP32, dtypes=["float32"], shrink=False, **run
+    )
+    assert not undeclared.passed
+    first_lines = "\n".join(text_report(undeclared).splitlines()[:4])
+    assert "float32 products take TF32 operands" in first_lines, first_lines
+    declared = run_suite(load_backend(DECLARED_FAST_FP32), DECLARED_FAST_FP32, **run)
+    assert declared.passed, declared.difference
+    assert "the backend declares 'tf32'" in text_report(declared)
+    assert declared.stats.drawn.get("float32", 0) > 0
 
 
 def test_the_excludes_hook_vetoes_small_head_dims_outside_fp32() -> None:

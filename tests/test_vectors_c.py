@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from vectors_fixtures import Exported, exported, manifests
 
+from conformance.vectors.check import check_vectors
 from conformance.vectors.format import load_array, save_array
+from spec.backend import ReferenceBackend
 
 __all__ = ["exported"]
 
@@ -49,12 +51,20 @@ def test_the_c_reader_passes_every_vector(reader: Path, exported: Exported) -> N
     assert all(line.startswith("PASS") for line in lines), done.stdout
 
 
-def _tampered(exported: Exported, tmp_path: Path, op: str, key: str, fp8: bool) -> Path:
-    """A copy of the first vector (with an fp8 cache if ``fp8``) with one expected value of its
-    first ``op`` changed."""
+LAYOUTS = ["plain", "fp8", "latent", "latent fp8"]
+
+
+def _layout(manifest: Path) -> str:
+    g = json.loads(manifest.read_text())["geometry"]
+    words = ["latent"] * (g.get("latent_dim") is not None) + ["fp8"] * (g["kv_dtype"] is not None)
+    return " ".join(words) or "plain"
+
+
+def _tampered(exported: Exported, tmp_path: Path, op: str, key: str, layout: str) -> Path:
+    """A copy of the first vector of ``layout`` (:data:`LAYOUTS`) with one expected value of
+    its first ``op`` changed."""
     paths = manifests(exported.out)
-    quantized = [json.loads(p.read_text())["geometry"]["kv_dtype"] is not None for p in paths]
-    src = paths[quantized.index(fp8)].parent
+    src = next(p for p in paths if _layout(p) == layout).parent
     dst = tmp_path / src.name
     shutil.copytree(src, dst)
     manifest = json.loads((dst / "manifest.json").read_text())
@@ -62,21 +72,22 @@ def _tampered(exported: Exported, tmp_path: Path, op: str, key: str, fp8: bool) 
     array = load_array(dst / name).copy()
     if op == "attention":  # both references move, so the allowance stays as it was
         array[:, 0, 0, 0] += 0.25
-    else:
-        array.reshape(-1)[0] += 0.5
+    else:  # another value the cache's format holds (fp8 included): a wrong, not a bad, value
+        flat = array.reshape(-1)
+        flat[0] = 2.0 if flat[0] == 1.0 else 1.0
     save_array(dst / name, array)
     return dst / "manifest.json"
 
 
 @needs_compiler
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(
     ("op", "key", "word"), [("attention", "expected", "ulp"), ("read_kv", "update", "read_kv")]
 )
 def test_the_c_reader_fails_a_changed_expectation(
-    reader: Path, exported: Exported, tmp_path: Path, op: str, key: str, word: str, fp8: bool
+    reader: Path, exported: Exported, tmp_path: Path, op: str, key: str, word: str, layout: str
 ) -> None:
-    done = _run(reader, [_tampered(exported, tmp_path, op, key, fp8)])
+    done = _run(reader, [_tampered(exported, tmp_path, op, key, layout)])
     assert done.returncode == 1, done.stdout
     assert done.stdout.startswith("FAIL") and word in done.stdout
 
@@ -108,4 +119,22 @@ def test_the_c_reader_refuses_a_corrupt_vector(
     manifest.write_text(json.dumps(data))
     shutil.copy(src / data["operations"][1]["kv"], array)
     done = _run(reader, [manifest])
-    assert done.returncode == 2 and "out of range" in done.stderr
+    assert done.returncode == 2 and "table row" in done.stderr
+
+
+@needs_compiler
+def test_both_readers_still_read_a_version_1_vector(
+    reader: Path, exported: Exported, tmp_path: Path
+) -> None:
+    """Version 2 only added the latent layout: a vector of per-head K and V written as
+    version 1 (as earlier exports were) passes both readers unchanged."""
+    src = next(p for p in manifests(exported.out) if _layout(p) == "plain").parent
+    shutil.copytree(src, tmp_path / "v1")
+    manifest = tmp_path / "v1" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["version"] = 1
+    manifest.write_text(json.dumps(data))
+    done = _run(reader, [manifest])
+    assert done.returncode == 0 and done.stdout.startswith("PASS"), done.stdout + done.stderr
+    result = check_vectors(ReferenceBackend(), "reference", tmp_path)
+    assert result.passed and result.stats.examples == 1

@@ -49,8 +49,8 @@ def test_every_malformed_vector_is_a_setup_error(malformed: list[tuple[str, Path
     ("case", "named"),
     [
         ("version true", "version True"),
-        ("num_layers 2.5", "num_layers: 2.5 is not of type integer"),
-        ("num_heads 0", "num_heads"),
+        ("num_layers 2.5", "num_layers: 2.5 is not an integer"),
+        ("num_heads 0", "num_heads: 0 is not null or an integer of at least 1"),
         ("negative kv scale", "kv_scales[0][0]: -0.5"),
         ("NaN scale", "NaN is not a JSON number"),
         ("NaN data", "holds a NaN"),
@@ -63,7 +63,7 @@ def test_every_malformed_vector_is_a_setup_error(malformed: list[tuple[str, Path
         ("arrays/ a symlink to a directory outside", "symbolic link"),
         ("array file past the size limit", "past the limit"),
         ("loosened tolerance", "tolerance.ratio"),
-        ("operations 5", "operations: 5 is not of type array"),
+        ("operations 5", "operations: 5 is not an array"),
     ],
 )
 def test_the_setup_error_names_the_field(

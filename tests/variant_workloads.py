@@ -71,7 +71,7 @@ VARIANT_WORKLOADS: dict[str, Workload] = {
         _config(kv_dtype="fp8_e4m3", drawn=True),
         {"output"},
     ),
-    "QuantizesByReciprocal": (
+    "Fp8Truncates": (
         _prefill_then_decode,
         _config(kv_dtype="fp8_e5m2", drawn=True),
         {"K", "V"},

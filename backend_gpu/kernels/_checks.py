@@ -13,6 +13,8 @@ import os
 from collections.abc import Sequence
 
 import torch
+import triton
+import triton.language as tl
 
 from spec.batch import check_copies
 from spec.errors import InvalidRequestError
@@ -26,6 +28,40 @@ CACHE_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn, torch.float8_e5m2)
 def interpreting() -> bool:
     """Whether Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def bf16_as_compiled() -> bool:
+    """Whether bfloat16 arithmetic and conversions here are what compiled Triton computes.
+
+    Always when compiled. Triton's own interpreter computes bfloat16 on raw
+    bits and converts to it by truncation; the conformance suite's honest
+    interpreter corrects both. Which one runs is found by running one tiny
+    kernel, again whenever the interpreter's operations change (the suite's
+    corrections install and uninstall), so a kernel can take the GPU's
+    bfloat16 path under the interpreter wherever that computes right.
+    """
+    if not interpreting():
+        return True
+    from triton.runtime import interpreter
+
+    ops = interpreter.InterpreterBuilder.__dict__
+    key = tuple(id(ops.get(name)) for name in ("binary_op", "cast_impl", "create_fp_to_fp"))
+    if key not in _BF16_PROBES:
+        _BF16_PROBES.clear()  # one interpreter at a time: only the latest answer is kept
+        x = torch.tensor([1.01171875], dtype=torch.float32)
+        out = torch.zeros(1, dtype=torch.float32)
+        _bf16_probe[(1,)](x, out)
+        _BF16_PROBES[key] = float(out[0]) == 2.03125  # 1.015625 (to nearest) doubled
+    return _BF16_PROBES[key]
+
+
+_BF16_PROBES: dict[tuple[int, ...], bool] = {}
+
+
+@triton.jit
+def _bf16_probe(x_ptr, out_ptr):  # type: ignore[no-untyped-def]
+    b = tl.load(x_ptr).to(tl.bfloat16)  # rounded to nearest: 1.015625; truncated: 1.0078125
+    tl.store(out_ptr, (b + b).to(tl.float32))
 
 
 def check_device(device: torch.device, *tensors: tuple[str, torch.Tensor]) -> None:

@@ -21,10 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from backend_gpu.dtypes import FP8_TORCH
 from spec.quant import FP8_FORMATS
 
-FP8_TORCH = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-"""The torch dtype of each quantized KV dtype of the contract."""
 FP8_NAMES = {dtype: name for name, dtype in FP8_TORCH.items()}
 
 

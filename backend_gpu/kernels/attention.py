@@ -30,13 +30,15 @@ per-tensor scales are folded rather than multiplied into every element:
 same dequantization, ``stored * scale``, by linearity. The decoded values are
 exact in float16 and bfloat16, so the dot products lose nothing either.
 
-Under the interpreter, loaded values are upcast to float32 before any
-arithmetic, because the interpreter's bfloat16 arithmetic is wrong.
+The interpreter runs the same code a GPU compiles (float16 and bfloat16 dot
+products on their own operands, probabilities rounded to the activation dtype
+before ``P @ V``; float32 with IEEE products, never TF32), with one exception:
+Triton's own interpreter computes bfloat16 on raw bits, so under it, and only
+there, bfloat16 is upcast to float32 (:func:`._checks.bf16_as_compiled`).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -47,14 +49,15 @@ import triton.language as tl
 
 from backend_gpu.kernels._checks import (
     FLOAT_DTYPES,
+    bf16_as_compiled,
     check_cache_pair,
     check_device,
     check_last_dim_dense,
     check_tensor,
-    interpreting,
     next_pow2,
 )
 from backend_gpu.kernels._fp8 import FP8_NAMES, as_bytes, fp8_constexprs, fp8_decode
+from backend_gpu.kernels.target import LaunchTarget, launch_target
 from spec.errors import InvalidRequestError
 from spec.kv_budget import cdiv
 from spec.validate import check_int, check_scale
@@ -65,7 +68,10 @@ MAX_HEAD_DIM = 256
 """Largest head dim the kernels are built for: a 256-wide K tile already fills shared memory."""
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+# Counts, the window and the table's width change from batch to batch: not specialisations to
+# compile (each would add kernels for values that are 1 or divisible by 16; a conformance run
+# launched 118 distinct ones before, 281 across the kernels).
+@triton.jit(do_not_specialize=["window", "num_q_tiles", "keys_per_split", "stride_bt"])  # type: ignore[untyped-decorator]
 def _attention_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
@@ -241,7 +247,7 @@ def _tanh(x):  # type: ignore[no-untyped-def]
     return tl.where(x < 0, -t, t)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])  # type: ignore[untyped-decorator]
 def _merge_kernel(  # type: ignore[no-untyped-def]
     part_ptr,
     lse_ptr,
@@ -400,14 +406,14 @@ def paged_attention(
         max_query_len,
         max_seq_len,
         num_splits,
-        q.device,
+        launch_target(q.device),
         block_n,
         window,
     )
-    # The interpreter converts float32 to bfloat16 by truncation (toward zero), a GPU to
-    # nearest: under it, the kernel writes float32 and torch rounds (the suite's bias check
-    # sees the difference).
-    staged = interpreting() and out.dtype == torch.bfloat16
+    # Triton's own interpreter computes bfloat16 on raw bits and converts float32 to it by
+    # truncation: there, the kernel works in float32 and writes float32, and torch rounds.
+    # Under the conformance suite's honest interpreter it runs the GPU's bfloat16 code.
+    staged = out.dtype == torch.bfloat16 and not bf16_as_compiled()
     target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if staged else out
     _launch(
         q, k_cache, v_cache, target, qsl, lens, tables, scale, variant, group, plan, max_query_len
@@ -507,8 +513,8 @@ def _launch(
     num_q_tiles = cdiv(max_query_len, plan.block_q)
     split = plan.num_splits > 1
     keys_per_split = cdiv(cdiv(plan.keys, plan.num_splits), plan.block_n) * plan.block_n
-    upcast = interpreting() or q.dtype == torch.float32
-    ieee = q.dtype == torch.float32 and not interpreting()
+    upcast = q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and not bf16_as_compiled())
+    ieee = q.dtype == torch.float32  # float32 products in full, not TF32, compiled or not
     fp8 = fp8_constexprs(k_cache.dtype)
     fp8.pop("FP8_MAX")  # only the KV write saturates
     k_scale = variant.k_scale if fp8["FP8_MANT"] else 1.0
@@ -609,65 +615,57 @@ def _plan(
     max_query_len: int,
     max_seq_len: int,
     num_splits: int | None,
-    device: torch.device,
+    target: LaunchTarget,
     block_n: int | None = None,
     window: int | None = None,
 ) -> _Plan:
-    """Tile sizes, and how many KV splits: forced, or by the occupancy heuristic.
+    """Tile sizes, and how many KV splits: forced, or by the occupancy heuristic, for ``target``.
 
-    Under the interpreter each program costs milliseconds per loop step, so
-    one fat program per (sequence, KV head) is best; speed does not matter
-    there, coverage does, so a long decode (256+ keys) is split all the same,
-    so that the CPU path runs the split-KV kernel and its merge too. On a GPU,
-    decode tiles have 16 rows (the smallest ``tl.dot``) and prefill
-    tiles 64; a decode batch that would leave the GPU idle (fewer programs than
-    twice the SM count) with contexts of 1024+ keys is split so that it fills it.
+    A GPU's plan (:mod:`.target`; the interpreter runs it too, by default):
+    decode tiles have 16 rows (the smallest ``tl.dot``) and prefill tiles 64;
+    a decode batch that would leave the GPU idle (fewer programs than twice
+    the SM count) with contexts of 1024+ keys is split so that it fills it.
+    The interpreter's own plan: each program costs milliseconds per loop step,
+    so one fat program per (sequence, KV head), and a long decode (256+ keys)
+    is split all the same, so that the split-KV kernel and its merge run too.
     With a window, "keys" is what one query tile sees (``w + BLOCK_Q - 1`` at
     most), not the context: a short window over a long context needs no split.
     """
     group_pad = next_pow2(group)
     head_pad = max(16, next_pow2(head_dim))
-    if device.type == "cpu":
-        rows = max(16, min(256, next_pow2(max_query_len) * group_pad))
-    else:
+    if target.gpu:
         rows = 16 if max_query_len * group_pad <= 16 else 64
+    else:
+        rows = max(16, min(256, next_pow2(max_query_len) * group_pad))
     block_q = max(1, rows // group_pad)
     keys = max_seq_len
     if window is not None:
         keys = min(keys, window + min(max_query_len, block_q) - 1)
-    if device.type == "cpu":
-        tile_n = min(64, max(16, next_pow2(keys)))
-        warps, stages = 4, 1
-    else:
+    if target.gpu:
         tile_n = 64 if head_pad <= 128 else 32
         warps, stages = 4, 2 if head_pad <= 128 else 1
+    else:
+        tile_n = min(64, max(16, next_pow2(keys)))
+        warps, stages = 4, 1
     if block_n is None:
         block_n = tile_n
     elif block_n < 16 or block_n != next_pow2(block_n):
         raise InvalidRequestError(f"block_n must be a power of two >= 16, got {block_n}")
     if num_splits is None:
         num_splits = _auto_splits(
-            num_seqs * cdiv(max_query_len, block_q) * num_kv_heads, rows, keys, device
+            num_seqs * cdiv(max_query_len, block_q) * num_kv_heads, rows, keys, target
         )
     if not 1 <= num_splits <= 1024:
         raise InvalidRequestError(f"num_splits must be in 1..1024, got {num_splits}")
     return _Plan(block_q, block_n, num_splits, warps, stages, keys)
 
 
-def _auto_splits(programs: int, rows: int, max_keys: int, device: torch.device) -> int:
-    if device.type == "cpu":
+def _auto_splits(programs: int, rows: int, max_keys: int, target: LaunchTarget) -> int:
+    if target.num_sms is None:
         return 1 if rows > 16 or max_keys < 256 else min(4, cdiv(max_keys, 128))
-    if device.type != "cuda" or rows > 16 or max_keys < 1024:
+    if rows > 16 or max_keys < 1024 or programs >= 2 * target.num_sms:
         return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    if programs >= 2 * sms:
-        return 1
-    return max(1, min(cdiv(2 * sms, programs), cdiv(max_keys, 512), 64))
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+    return max(1, min(cdiv(2 * target.num_sms, programs), cdiv(max_keys, 512), 64))
 
 
 def _check_metadata(
@@ -737,7 +735,7 @@ def choose_num_splits(
     """How many KV splits :func:`paged_attention` picks by itself for a batch of this shape."""
     group = num_heads // num_kv_heads
     plan = _plan(
-        num_seqs, num_kv_heads, group, head_dim, max_query_len, max_seq_len, None, device,
-        window=window,
+        num_seqs, num_kv_heads, group, head_dim, max_query_len, max_seq_len, None,
+        launch_target(device), window=window,
     )  # fmt: skip
     return plan.num_splits

@@ -20,10 +20,10 @@ from backend_gpu.kernels._checks import (
     check_device,
     check_tensor,
     independent_copies,
-    interpreting,
     next_pow2,
 )
 from backend_gpu.kernels._fp8 import as_bytes
+from backend_gpu.kernels.target import launch_target
 from spec.errors import InvalidRequestError
 
 
@@ -70,7 +70,7 @@ def copy_blocks(
     if n == 0:
         return
     block_numel = first[0].numel()
-    chunk = min(next_pow2(block_numel), 1 << 16 if interpreting() else 2048)
+    chunk = min(next_pow2(block_numel), 2048 if launch_target(device).gpu else 1 << 16)
     grid = (n, triton.cdiv(block_numel, chunk))
     for k, v in pairs_k:
         _block_copy_kernel[grid](as_bytes(k), pairs, block_numel, CHUNK=chunk)

@@ -7,8 +7,10 @@ so one token's K (or V) is one contiguous row on both sides. Padding slots
 
 An fp8 cache (``torch.float8_e4m3fn`` / ``float8_e5m2``) stores what
 :func:`spec.quant.quantize` defines: ``x / scale`` divided in float32 with
-IEEE rounding (not a multiply by ``1 / scale``, which can differ in the last
-bit), then rounded to fp8, ties to even, saturating (see :mod:`._fp8`).
+IEEE rounding (``div.rn.f32``), then rounded to fp8, ties to even, saturating
+(see :mod:`._fp8`). The spec would also accept the approximate division a
+plain ``/`` compiles to (2 ulp: :func:`spec.quant.quantize_range`); this
+kernel stores the nominal value, so its bytes equal the spec's everywhere.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ from backend_gpu.kernels._checks import (
     check_device,
     check_last_dim_dense,
     check_tensor,
-    interpreting,
     next_pow2,
 )
 from backend_gpu.kernels._fp8 import as_bytes, fp8_constexprs, fp8_encode
+from backend_gpu.kernels.target import launch_target
 from spec.errors import InvalidRequestError
 from spec.validate import check_scale
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+# The token count varies with every write: not a specialisation to compile (compiled Triton would
+# otherwise compile once for counts divisible by 16, once for others, once for a single token).
+@triton.jit(do_not_specialize=["num_tokens"])  # type: ignore[untyped-decorator]
 def _kv_write_kernel(  # type: ignore[no-untyped-def]
     key_ptr,
     value_ptr,
@@ -73,12 +77,10 @@ def _kv_write_kernel(  # type: ignore[no-untyped-def]
     k = tl.load(src_k, mask=mask)
     v = tl.load(src_v, mask=mask)
     if FP8_MANT:
-        k = fp8_encode(
-            tl.fdiv(k.to(tl.float32), k_scale, ieee_rounding=True), FP8_MANT, FP8_MIN_EXP, FP8_MAX
-        )
-        v = fp8_encode(
-            tl.fdiv(v.to(tl.float32), v_scale, ieee_rounding=True), FP8_MANT, FP8_MIN_EXP, FP8_MAX
-        )
+        # div_rn: div.rn.f32 on every Triton (3.6 compiles tl.fdiv(ieee_rounding=True) to the
+        # approximate div.full.f32); tests/test_backend_ptx.py reads it in the PTX.
+        k = fp8_encode(tl.math.div_rn(k.to(tl.float32), k_scale), FP8_MANT, FP8_MIN_EXP, FP8_MAX)
+        v = fp8_encode(tl.math.div_rn(v.to(tl.float32), v_scale), FP8_MANT, FP8_MIN_EXP, FP8_MAX)
     tl.store(k_cache_ptr + dst, k, mask=mask)
     tl.store(v_cache_ptr + dst, v, mask=mask)
 
@@ -130,9 +132,10 @@ def reshape_and_cache(
     if n == 0:
         return
     row_pad = next_pow2(num_kv_heads * head_dim)
-    # Interpreter: few fat programs. GPU: about 4K elements per program.
-    target = 1 << 16 if interpreting() else 4096
-    block_t = max(1, min(next_pow2(n), target // row_pad))
+    # A GPU's plan: about 4K elements per program; the interpreter's own: few fat programs. The
+    # tile does not follow the token count, which would make a kernel per power of two.
+    target = 4096 if launch_target(k_cache.device).gpu else 1 << 16
+    block_t = max(1, target // row_pad)
     grid = (triton.cdiv(n, block_t),)
     _kv_write_kernel[grid](
         key,

@@ -15,12 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
-from backend_gpu.kernels._checks import check_device, check_tensor, interpreting, next_pow2
+from backend_gpu.kernels._checks import check_device, check_tensor, next_pow2
+from backend_gpu.kernels.target import launch_target
 from spec.block_manager import cdiv
 from spec.errors import InvalidRequestError
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit(do_not_specialize=["stride_bt"])  # type: ignore[untyped-decorator]
 def _slot_mapping_kernel(  # type: ignore[no-untyped-def]
     block_tables_ptr,
     query_start_loc_ptr,
@@ -94,7 +95,7 @@ def compute_slot_mapping(
     out = torch.full((num_tokens,), -1, dtype=torch.int64, device=tables.device)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    block_q = min(next_pow2(max_query_len), 4096 if interpreting() else 256)
+    block_q = min(next_pow2(max_query_len), 256 if launch_target(tables.device).gpu else 4096)
     grid = (num_seqs, triton.cdiv(max_query_len, block_q))
     _slot_mapping_kernel[grid](
         tables, qsl, lens, out, tables.stride(0), BLOCK_SIZE=block_size, BLOCK_Q=block_q

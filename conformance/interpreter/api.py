@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,10 +22,12 @@ def install_when_interpreting() -> bool:
     :func:`~conformance.run.discovery.load_backend`, which the run's worker
     and every replay script start with, and in
     :func:`~conformance.run.runner.run_suite`), so an interpreted kernel is
-    judged on what compiled Triton would compute.
+    judged on what compiled Triton would compute. Without Triton installed there is no
+    kernel to correct (the eager torch backend sets ``TRITON_INTERPRET`` too): nothing is
+    installed.
     """
     on = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
-    if on and not SHIM.installed:
+    if on and not SHIM.installed and importlib.util.find_spec("triton") is not None:
         SHIM.install()
     return SHIM.installed
 

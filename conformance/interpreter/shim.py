@@ -1,6 +1,20 @@
-"""The corrections, patched into Triton 3.9's interpreter (``TRITON_INTERPRET=1``).
+"""The corrections, patched into Triton's interpreter (``TRITON_INTERPRET=1``; 3.9, and 3.6).
 
 What the interpreter gets wrong, and what each patch does instead:
+
+- float arithmetic a GPU computes approximately, and numpy exactly: a plain
+  division (``div.full.f32``), ``tl.exp2``, ``tl.exp``, ``tl.sqrt``, and a
+  float32 ``tl.dot`` at its default precision (TF32 operands). Patched: the
+  emulations of :mod:`conformance.interpreter.arithmetic`, each checked
+  against the PTX of both Triton releases (``tests/test_interpreter_ptx.py``).
+- launch options (``num_warps=``, ...): the interpreter drops any keyword
+  that is not a parameter, typos included, and the shim's own 64-bit
+  binding choked on them. Patched: :mod:`conformance.interpreter.launch`
+  takes them as compiled Triton does, and names one it cannot honour.
+- what a launch would compile: nothing, here. Recorded: the specialisation
+  compiled Triton's JIT would key it by
+  (:mod:`conformance.interpreter.specialisations`), so a run can say how
+  many kernels a GPU run of it compiles.
 
 - float to fp8 (``fp8e4nv``, ``fp8e5``) and back: it truncates or rounds
   half up, flushes subnormals, wraps overflow to NaN or junk, and reads the
@@ -46,6 +60,15 @@ from typing import Any
 
 import numpy as np
 
+from conformance.interpreter.arithmetic import (
+    div_approx,
+    div_full,
+    ex2_approx_ftz,
+    exp_via_ex2,
+    in_float32,
+    sqrt_approx_ftz,
+    tf32,
+)
 from conformance.interpreter.floats import (
     FP8_FORMATS,
     bf16_decode,
@@ -53,7 +76,9 @@ from conformance.interpreter.floats import (
     fp8_decode,
     fp8_encode,
 )
+from conformance.interpreter.launch import split_options
 from conformance.interpreter.limits import InterpreterLimit
+from conformance.interpreter.specialisations import key, record
 
 _OTHER_FP8 = ("fp8e4b15", "fp8e4b8", "fp8e5b16")
 
@@ -92,6 +117,19 @@ def _from_values(values: Any, dtype: Any, np_dtype: Any, toward_zero: bool) -> A
     if name in _OTHER_FP8:
         raise InterpreterLimit(f"a conversion to {name}")
     return np.asarray(values).astype(np_dtype)
+
+
+def _emulated(fn: Any, fallback: Any) -> Any:
+    """An interpreter op computing ``fn`` (:mod:`.arithmetic`) on float16 and float32 data (and
+    on bfloat16, which :func:`_patches`'s ``binary_op``/``unary_op`` hand over decoded), and
+    ``fallback`` (numpy's own) on anything else."""
+    wrapped = in_float32(fn)
+
+    def op(*args: Any) -> Any:
+        out = wrapped(*args)
+        return fallback(*args) if out is None else out
+
+    return op
 
 
 def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
@@ -165,7 +203,12 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
         a, b, c = (bf16_decode(h.data).astype(np.float64) for h in (x, y, z))
         return handle_cls(bf16_encode((a * b + c).astype(np.float32)), z.dtype.scalar)
 
+    tf32_precision = getattr(interp._ir.INPUT_PRECISION, "TF32", None)
+
     def create_dot(self: Any, a: Any, b: Any, d: Any, precision: Any, imprecise: Any) -> Any:
+        if precision == tf32_precision and _name(a.dtype.scalar) == _name(b.dtype.scalar) == "fp32":
+            a = handle_cls(tf32(a.data), a.dtype.scalar)  # mma.sync ... .tf32: operands truncated
+            b = handle_cls(tf32(b.data), b.dtype.scalar)
         if not (_special(a.dtype.scalar) or _special(b.dtype.scalar)):
             return orig["create_dot"](self, a, b, d, precision, imprecise)
         lhs = np.asarray(_to_f32(a.data, a.dtype.scalar), dtype=np.float32)
@@ -211,6 +254,7 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
         return orig_cvt(arg)
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs, _ = split_options(self.fn, kwargs)  # launch options: checked, as compiled
         wide = _wide_parameters(self.fn)
         if wide:
             bound = inspect.signature(self.fn).bind_partial(*args, **kwargs)
@@ -224,6 +268,18 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
             return orig_call(self, *args, **kwargs)
         finally:
             _LAUNCHES.pop()
+
+    orig_run = interp.InterpretedFunction.__dict__["run"]
+
+    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
+        if not warmup:  # the specialisation a compiled launch would look up (and compile once)
+            params, options = split_options(self.fn, kwargs)
+            try:
+                found = key(self.fn, self.kwargs.get("do_not_specialize"), args, params)
+            except Exception as err:  # an argument Triton's JIT would refuse: counted, unread
+                found = (f"unreadable: {type(err).__name__}",)
+            record(self.fn.__qualname__, found, options)
+        return orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     orig_device_call = interp.InterpretedFunction.__dict__["__call__"]
 
@@ -267,8 +323,15 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
             found = block_types[key] = orig_block_ty(self, dtype, shape)
         return found
 
+    div, approx = _emulated(div_full, np.divide), _emulated(div_approx, np.divide)
+    ex2, exp = _emulated(ex2_approx_ftz, np.exp2), _emulated(exp_via_ex2, np.exp)
+    sqrt = _emulated(sqrt_approx_ftz, np.sqrt)
     options = interp.interpreter_builder.options
     out: dict[tuple[Any, str], Any] = {
+        (builder, "create_fdiv"): lambda self, lhs, rhs: self.binary_op(lhs, rhs, div),
+        (builder, "create_exp2"): lambda self, arg: self.unary_op(arg, ex2),
+        (builder, "create_exp"): lambda self, arg: self.unary_op(arg, exp),
+        (builder, "create_sqrt"): lambda self, arg: self.unary_op(arg, sqrt),
         (interp.interpreter_builder, "options"): replace(
             options, sanitize_overflow=options.sanitize_overflow and options.debug
         ),
@@ -284,10 +347,13 @@ def _patches(interp: Any) -> dict[tuple[Any, str], Any]:
         (reduce_ops, "min_max"): min_max,
         (interp, "_implicit_cvt"): implicit_cvt,
         (interp.GridExecutor, "__call__"): call,
+        (interp.InterpretedFunction, "run"): run,
         (interp.InterpretedFunction, "__call__"): device_call,
         (interp, "_get_np_dtype"): np_dtype,
         (builder, "get_block_ty"): get_block_ty,
     }
+    if "create_approx_divf" in builder.__dict__:  # tl.fdiv(approx=True): Triton 3.9 on
+        out[(builder, "create_approx_divf")] = lambda self, l, r: self.binary_op(l, r, approx)
     return out
 
 

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from conformance.judges.dtypes import F64
 from conformance.judges.numerics import ExampleErrors, OutputErrors
+from spec.kv_geometry import KVGeometry
 
 _SHOWN = 6  # vector elements shown in a report
 FAULTS = ("exception", "shape", "input", "alias", "bounds", "hang", "crash", "internal")
@@ -190,19 +191,21 @@ def first_output_difference(
     errors: OutputErrors,
     rows: Sequence[tuple[int, int]],
     poison: str | None = None,
+    spread: F64 | None = None,
 ) -> Difference | None:
     """The first row and head of ``actual`` (``[T, H, D]``) off by more than ``errors`` allows.
 
     ``rows[i]`` is the ``(sequence, token)`` of row ``i``; ``errors`` judges
     the whole step and layer (:func:`conformance.judges.numerics.output_errors`).
     The detail gives that row's own error and multiple, and the step's worst,
-    which the numerics lines below repeat. ``poison``: what the example filled
+    which the numerics lines below repeat; ``spread``: the sigmas of probability rounding
+    ``errors`` was judged with, if any. ``poison``: what the example filled
     every slot no live token owns with (``"NaN"``, ``"+inf"``, ``"-inf"``); a
     non-finite output where the reference is finite is then named a read of one.
     """
     if errors.passed:
         return None
-    ulps = errors.ulps(expected, actual)
+    ulps = errors.ulps(expected, actual, spread)
     bad = (ulps > errors.allowed_ulps).any(axis=2)  # [T, H]
     row, head = (int(i) for i in np.argwhere(bad)[0])
     seq_id, token = rows[row]
@@ -239,3 +242,25 @@ def example_difference(step: int, errors: ExampleErrors) -> Difference | None:
     if errors.passed:
         return None
     return Difference(what="outputs", step=step, detail=errors.describe(), example=errors)
+
+
+def latent_part_note(g: KVGeometry, name: str) -> str:
+    """What a latent read's part holds, for a shape difference (nothing otherwise).
+
+    >>> latent_part_note(KVGeometry(1, 4, 2, 1, 48, latent_dim=32), "k_rope")
+    ' (k_rope: the rope_dim 16 columns of the latent row)'
+    """
+    if not g.is_latent:
+        return ""
+    width = f"latent_dim {g.latent_dim}" if name == "c_kv" else f"rope_dim {g.rope_dim}"
+    return f" ({name}: the {width} columns of the latent row)"
+
+
+def latent_output_note(g: KVGeometry) -> str:
+    """What a latent attention's output is, for a shape difference (nothing otherwise)."""
+    if not g.is_latent:
+        return ""
+    return (
+        f" (latent layout: [T, H, latent_dim {g.latent_dim}], the weighted sum of c_kv; not "
+        f"the query's width {g.head_dim}, nor per-head values)"
+    )

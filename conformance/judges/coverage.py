@@ -7,11 +7,14 @@ elements were all run, not merely possible.
 
 >>> cov = Coverage()
 >>> cov.note_shape(head_dim=128, block_size=48, num_kv_heads=2, gqa_ratio=3, dtype="float16")
+>>> cov.note_shape(head_dim=48, block_size=16, num_kv_heads=1, gqa_ratio=4, dtype="float16",
+...                latent=(32, 16))
 >>> cov.note_step(num_seqs=18, decodes=15, max_offset=2**31 + 5)
 >>> print("\\n".join(cov.describe()))
 head dims: 128 (non-power-of-two: none)
-block sizes: 48 (non-power-of-two: 48)
+block sizes: 16, 48 (non-power-of-two: 48)
 GQA ratios: 3; KV heads: 2; dtypes: float16
+KV layouts: per-head K and V; latent (c_kv + k_rope) 32+16, with 4 query heads
 widest step: 18 sequences (15 decodes, 3 prefill chunks)
 widest mixed step: 15 decodes with 3 prefill chunks
 largest KV element offset: 2147483653 (past 2^31: yes)
@@ -43,6 +46,9 @@ class Coverage:
     gqa_ratios: set[int] = field(default_factory=set)
     kv_heads: set[int] = field(default_factory=set)
     dtypes: set[str] = field(default_factory=set)
+    latent_layouts: set[tuple[int, int]] = field(default_factory=set)  # (latent_dim, rope_dim)
+    latent_heads: set[int] = field(default_factory=set)  # query heads of latent examples
+    ordinary: bool = False  # some example had per-head K and V
     widest_step: int = 0
     widest_decodes: int = 0
     widest_mixed: tuple[int, int] = (0, 0)  # decodes and prefill chunks of the widest mixed call
@@ -99,13 +105,27 @@ class Coverage:
         return lines
 
     def note_shape(
-        self, *, head_dim: int, block_size: int, num_kv_heads: int, gqa_ratio: int, dtype: str
+        self,
+        *,
+        head_dim: int,
+        block_size: int,
+        num_kv_heads: int,
+        gqa_ratio: int,
+        dtype: str,
+        latent: tuple[int, int] | None = None,
     ) -> None:
-        self.head_dims.add(head_dim)
+        """One example's shape; ``latent``: its ``(latent_dim, rope_dim)``, when it has the
+        latent layout (its row width is then no head dim, and its query heads no GQA ratio)."""
         self.block_sizes.add(block_size)
+        self.dtypes.add(dtype)
+        if latent is not None:
+            self.latent_layouts.add(latent)
+            self.latent_heads.add(gqa_ratio * num_kv_heads)
+            return
+        self.ordinary = True
+        self.head_dims.add(head_dim)
         self.kv_heads.add(num_kv_heads)
         self.gqa_ratios.add(gqa_ratio)
-        self.dtypes.add(dtype)
 
     def note_step(self, *, num_seqs: int, decodes: int, max_offset: int) -> None:
         """One backend attention call of ``num_seqs`` sequences; its largest KV element offset."""
@@ -142,6 +162,9 @@ class Coverage:
         self.gqa_ratios |= other.gqa_ratios
         self.kv_heads |= other.kv_heads
         self.dtypes |= other.dtypes
+        self.latent_layouts |= other.latent_layouts
+        self.latent_heads |= other.latent_heads
+        self.ordinary |= other.ordinary
         self.group_layouts |= other.group_layouts
         if other.widest_step > self.widest_step:
             self.widest_step, self.widest_decodes = other.widest_step, other.widest_decodes
@@ -165,6 +188,7 @@ class Coverage:
             f"block sizes: {_list(self.block_sizes)} (non-power-of-two: {_list(odd_b)})",
             f"GQA ratios: {_list(self.gqa_ratios)}; KV heads: {_list(self.kv_heads)}; "
             f"dtypes: {', '.join(sorted(self.dtypes)) or 'none'}",
+            self._describe_layouts(),
             f"widest step: {self.widest_step} sequences "
             f"({self.widest_decodes} decodes, {chunks} prefill chunks)",
             "widest mixed step: none"
@@ -175,6 +199,20 @@ class Coverage:
             *self._describe_groups(),
             *self.describe_pairs(),
         ]
+
+    def _describe_layouts(self) -> str:
+        """The KV layouts drawn: per-head K and V, and each latent ``latent+rope`` layout.
+
+        >>> Coverage()._describe_layouts()
+        'KV layouts: none (latent: none)'
+        """
+        kinds = ["per-head K and V"] if self.ordinary else []
+        if self.latent_layouts:
+            pairs = ", ".join(f"{a}+{b}" for a, b in sorted(self.latent_layouts))
+            heads = _list(self.latent_heads)
+            kinds.append(f"latent (c_kv + k_rope) {pairs}, with {heads} query heads")
+        none = "" if self.latent_layouts else " (latent: none)"
+        return f"KV layouts: {'; '.join(kinds) or 'none'}{none}"
 
     def _describe_groups(self) -> list[str]:
         """A line on the KV cache group examples, when any ran.
@@ -201,6 +239,8 @@ class Coverage:
             "gqa_ratios": sorted(self.gqa_ratios),
             "kv_heads": sorted(self.kv_heads),
             "dtypes": sorted(self.dtypes),
+            "latent_layouts": [list(p) for p in sorted(self.latent_layouts)],
+            "latent_query_heads": sorted(self.latent_heads),
             "widest_step": self.widest_step,
             "widest_step_decodes": self.widest_decodes,
             "widest_mixed_step": {

@@ -153,16 +153,29 @@ class DeviceContract:
         """An attention output, checked (a tensor on the device, activation dtype, ``shape``)."""
         return self._host(self._checked(what, got, self.dtype, shape, "the activation dtype"))
 
-    def blocks(self, what: str, got: object, shape: tuple[int, ...]) -> tuple[F64, F64]:
-        """A ``read_blocks`` result, checked (two tensors of the cache dtype), as float64 K, V."""
+    def blocks(
+        self,
+        what: str,
+        got: object,
+        shape: tuple[int, ...],
+        *,
+        value_shape: tuple[int, ...] | None = None,
+        names: tuple[str, str] = ("K", "V"),
+    ) -> tuple[F64, F64]:
+        """A ``read_blocks`` result, checked (two tensors of the cache dtype), as float64 K, V.
+
+        ``value_shape``: V's, when it differs from K's (a latent row's c_kv and k_rope,
+        which ``names`` then names).
+        """
         if not isinstance(got, tuple | list) or len(got) != 2:
             raise ContractMismatch(
-                f"{what} returned {_kind(got)}; the device contract returns a (K, V) pair of "
-                "torch tensors"
+                f"{what} returned {_kind(got)}; the device contract returns a ({', '.join(names)}) "
+                "pair of torch tensors"
             )
+        shapes = (shape, shape if value_shape is None else value_shape)
         k, v = (
-            self._host(self._checked(f"{what} {n}", x, self.cache_dtype, shape, "the cache dtype"))
-            for n, x in zip("KV", got, strict=True)
+            self._host(self._checked(f"{what} {n}", x, self.cache_dtype, s, "the cache dtype"))
+            for n, s, x in zip(names, shapes, got, strict=True)
         )
         return k, v
 

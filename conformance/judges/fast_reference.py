@@ -72,8 +72,8 @@ from spec.attention import PLAIN, AttentionVariant
 from spec.batch import BatchMetadata
 from spec.errors import ArgumentTypeError, InvalidRequestError, UnknownBlockError
 from spec.kv_memory import KVMemory
-from spec.quant import check_fp8_scale
-from spec.validate import check_choice, check_int, check_scale
+from spec.quant import FP8_FORMATS, check_fp8_scale
+from spec.validate import check_choice, check_instance, check_int, check_scale
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +92,8 @@ __all__ = [
 
 ROUNDING_DTYPES = ("float32", "float16", "bfloat16")
 """The activation dtypes a same-precision reference rounds to."""
+FP8_NAMES = tuple(FP8_FORMATS)
+"""The fp8 formats a kernel declaring ``"fp8"`` products casts Q and P to."""
 
 
 class DeviceUnavailableError(InvalidRequestError):
@@ -105,19 +107,26 @@ class DevicePrecision:
     ``compute``: the dtype of every product and sum. ``round_kv``: the dtype
     the K and V read are rounded to (through float32, as
     :func:`conformance.judges.dtypes.round_to` does). ``round_p``: the dtype the
-    unnormalised probabilities are rounded to before ``P @ V``.
+    unnormalised probabilities are rounded to before ``P @ V`` (an fp8 format, for a
+    kernel declaring ``"fp8"`` products). The declared products
+    (:data:`spec.capabilities.PRODUCTS`): ``tf32`` truncates both operands of
+    both products to TF32; ``round_q`` rounds the query (to an fp8 format);
+    ``round_qk_products`` each ``q_d * k_d`` before the score's sum.
     """
 
     compute: str = "float64"
     round_kv: str | None = None
     round_p: str | None = None
+    tf32: bool = False
+    round_q: str | None = None
+    round_qk_products: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("compute", self.compute, ("float64", "float32"))
-        for name in ("round_kv", "round_p"):
+        for name in ("round_kv", "round_p", "round_q", "round_qk_products"):
             value = getattr(self, name)
             if value is not None:
-                check_choice(name, value, ROUNDING_DTYPES)
+                check_choice(name, value, ROUNDING_DTYPES + FP8_NAMES)
 
 
 DEFAULT_TILES = Tiles()
@@ -127,30 +136,50 @@ EXACT = DevicePrecision()
 """The spec's own arithmetic: float64, nothing rounded."""
 
 
-def same_precision(dtype: str, quantized_kv: bool) -> DevicePrecision:
+def same_precision(
+    dtype: str, quantized_kv: bool, products: str = "exact", kv_dtype: str | None = None
+) -> DevicePrecision:
     """What :func:`conformance.judges.numerics.same_precision` computes, for this module.
 
-    >>> same_precision("float16", quantized_kv=True)
-    DevicePrecision(compute='float32', round_kv='float16', round_p='float16')
+    >>> same_precision("float16", quantized_kv=True)  # doctest: +NORMALIZE_WHITESPACE
+    DevicePrecision(compute='float32', round_kv='float16', round_p='float16', tf32=False,
+                    round_q=None, round_qk_products=None)
     """
     dtype = check_choice("dtype", dtype, ROUNDING_DTYPES)
+    fp8 = kv_dtype if products == "fp8" else None
     return DevicePrecision(
         compute="float32",
         round_kv=dtype if quantized_kv else None,
-        round_p=None if dtype == "float32" else dtype,
+        round_p=fp8 or (None if dtype == "float32" else dtype),
+        tf32=products == "tf32" and dtype == "float32",
+        round_q=fp8,
+        round_qk_products=dtype if products == "activation" and dtype != "float32" else None,
     )
 
 
 def round_to_dtype(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """``x`` rounded to ``dtype`` through float32, as :func:`~conformance.judges.dtypes.round_to`.
+    """``x`` rounded to ``dtype`` through float32, as :func:`~conformance.judges.dtypes.round_to`
+    (or, for an fp8 format, as :func:`spec.quant.round_fp8`: saturating).
 
     Both round to nearest, ties to even, so the two agree bit for bit
     (``tests/test_fast_reference.py`` checks ties, subnormals and overflow).
     """
     th = _torch()
-    out: torch.Tensor = x.to(th.float32).to(
-        getattr(th, check_choice("dtype", dtype, ROUNDING_DTYPES))
-    )
+    name = check_choice("dtype", dtype, ROUNDING_DTYPES + FP8_NAMES)
+    if name in FP8_NAMES:
+        top = FP8_FORMATS[name].max_finite
+        fp8 = th.float8_e4m3fn if name == "fp8_e4m3" else th.float8_e5m2
+        saturated: torch.Tensor = x.to(th.float32).clamp(-top, top).to(fp8)
+        return saturated
+    out: torch.Tensor = x.to(th.float32).to(getattr(th, name))
+    return out
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` with the low 13 mantissa bits dropped: a TF32 tensor-core operand."""
+    th = _torch()
+    bits = x.to(th.float32).contiguous().view(th.int32) & -(1 << 13)
+    out: torch.Tensor = bits.view(th.float32)
     return out
 
 
@@ -206,6 +235,12 @@ class PagedKV:
     pool block that row ``j`` of the tensors holds, in any order, each once
     (an upload of only the blocks a step reads, from a lazy pool of millions
     of blocks; or the blocks kept on the device, :mod:`conformance.judges.resident_kv`).
+
+    A latent memory (:mod:`spec.kv_memory`'s latent layout) is read as
+    attention reads it (:func:`spec.attention.latent_kv`): ``key`` is the whole
+    row ``[.., 1, latent_dim + rope_dim]`` and ``value`` its first
+    ``latent_dim`` columns, a view of ``key`` (:attr:`latent`); the output is
+    ``latent_dim`` wide.
     """
 
     key: torch.Tensor
@@ -226,7 +261,8 @@ class PagedKV:
                     f"got {x.dtype} of shape {tuple(x.shape)}"
                 )
         k, v = self.key, self.value
-        if k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
+        narrower = k.shape[:3] == v.shape[:3] and v.shape[3] < k.shape[3]  # latent: c_kv of k
+        if (k.shape != v.shape and not narrower) or k.dtype != v.dtype or k.device != v.device:
             raise InvalidRequestError(
                 f"PagedKV key and value differ: {k.dtype} {tuple(k.shape)} on {k.device} against "
                 f"{v.dtype} {tuple(v.shape)} on {v.device}"
@@ -260,9 +296,16 @@ class PagedKV:
         ids = None if blocks is None else tuple(sorted(set(blocks)))
         if ids is None and memory.lazy:
             raise InvalidRequestError("a lazy KV memory is uploaded by the blocks a step reads")
+        latent = memory.latent_dim
         if ids is None and dev.type == "cpu":
+            if latent is not None:  # the rows, read in place; V is their c_kv columns
+                rows = torch.from_numpy(memory.rows[layer])
+                return cls(rows, rows[..., :latent], scales)
             return cls(torch.from_numpy(memory.k[layer]), torch.from_numpy(memory.v[layer]), scales)
         k, v = memory.read_blocks(layer, list(range(memory.shape[0]) if ids is None else ids))
+        if latent is not None:  # c_kv and k_rope: the rows again
+            rows = torch.from_numpy(np.concatenate([k, v], axis=-1)).to(dev)
+            return cls(rows, rows[..., :latent], scales, ids, memory.shape[0])
         return cls(
             torch.from_numpy(k).to(dev), torch.from_numpy(v).to(dev), scales, ids, memory.shape[0]
         )
@@ -270,6 +313,11 @@ class PagedKV:
     @property
     def device(self) -> torch.device:
         return self.key.device
+
+    @property
+    def latent(self) -> bool:
+        """Whether this is a latent layer: V narrower than K, its first columns."""
+        return bool(self.value.shape[3] < self.key.shape[3])
 
     @property
     def pool_blocks(self) -> int:
@@ -291,7 +339,8 @@ def paged_attention(
     memory_limit: int = DEFAULT_MEMORY_LIMIT,
     tiles: Tiles = DEFAULT_TILES,
 ) -> torch.Tensor:
-    """:func:`spec.attention.paged_attention` on ``kv``'s device: ``[T, H, D]`` float64.
+    """:func:`spec.attention.paged_attention` on ``kv``'s device: ``[T, H, D]`` float64
+    (``[T, H, latent_dim]`` for a latent layer).
 
     ``query`` is a ``[>= T, H, D]`` float tensor on ``kv``'s device (a numpy
     array is moved there). Temporaries stay under ``memory_limit`` bytes
@@ -300,6 +349,7 @@ def paged_attention(
     what is wrong; a limit too small for one tile raises
     :class:`~conformance.judges.tile_plan.MemoryLimitError`.
     """
+    check_instance("precision", precision, DevicePrecision)  # before any work: named, as such
     th = _torch()
     q = _check_query(th, query, batch, kv)
     num_heads, num_kv_heads, head_dim = q.shape[1], kv.key.shape[2], kv.key.shape[3]
@@ -316,7 +366,7 @@ def paged_attention(
     scale = 1.0 / math.sqrt(head_dim) if scale is None else check_scale("scale", scale)
     shape = HeadShape(num_heads, num_kv_heads, head_dim)
     out: torch.Tensor = th.empty(
-        (batch.num_tokens, num_heads, head_dim), dtype=th.float64, device=q.device
+        (batch.num_tokens, num_heads, kv.value.shape[3]), dtype=th.float64, device=q.device
     )
     if batch.num_seqs == 0:
         return out
@@ -353,10 +403,12 @@ def _check_query(torch: Any, query: Any, batch: BatchMetadata, kv: PagedKV) -> A
         raise InvalidRequestError(f"query must be a float tensor, got {type(query).__name__}")
     if query.device != kv.device:
         raise InvalidRequestError(f"query is on {query.device}, the KV cache on {kv.device}")
-    head_dim = kv.key.shape[3]
+    head_dim, value_dim = kv.key.shape[3], kv.value.shape[3]
     if query.ndim != 3 or query.shape[0] < batch.num_tokens or query.shape[2] != head_dim:
+        parts = f" (q_latent {value_dim} + q_rope {head_dim - value_dim})" if kv.latent else ""
         raise InvalidRequestError(
             f"query has shape {tuple(query.shape)}, expected [{batch.num_tokens}, H, {head_dim}]"
+            + parts
         )
     return query
 
@@ -410,7 +462,8 @@ class _Launcher:
         b, h_kv, d = kv.key.shape[1], kv.key.shape[2], kv.key.shape[3]
         self.block = b
         self.k_flat = kv.key.reshape(-1, d)  # row slot * H_kv + h: one head of one slot
-        self.v_flat = kv.value.reshape(-1, d)
+        self.value_dim = kv.value.shape[3]
+        self.v_flat = self.k_flat if kv.latent else kv.value.reshape(-1, d)  # latent: V in K
         self.kv_head = torch.arange(h_kv, device=self.dev).view(1, -1, 1)
         self.kv_scales = None if kv.scales is None else tuple(_f32(s) for s in kv.scales)
         self.scale = _f32(scale) if precision.compute == "float32" else scale
@@ -434,7 +487,7 @@ class _Launcher:
         g = sh.heads // sh.kv_heads
         step = t.minimum(t.arange(n, device=dev)[None], arrays["count"][:, None] - 1)  # [S, n]
         rows, qpos = arrays["row"][:, None] + step, arrays["first"][:, None] + step
-        q = self.query[rows].to(self.cdt)  # [S, n, H, D]
+        q = self._operand(self.query[rows].to(self.cdt), self.precision.round_q)  # [S, n, H, D]
         q = q.view(s, n, sh.kv_heads, g, sh.head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(s, sh.kv_heads, g * n, sh.head_dim)
         span = int((items.hi - items.lo).max())
@@ -443,12 +496,12 @@ class _Launcher:
         num_tiles = -(-span // k_tile)
         if num_tiles == 1:
             mixed = self._one_tile(ctx)
-        elif self.precision.round_p is None:
+        elif self.precision.round_p is None and not self.precision.tf32:
             mixed = self._online(ctx, num_tiles)
         else:
             mixed = self._two_passes(ctx, num_tiles)
-        out = mixed.view(s, sh.kv_heads, g, n, sh.head_dim).permute(0, 3, 1, 2, 4)
-        out = out.reshape(s, n, sh.heads, sh.head_dim)
+        out = mixed.view(s, sh.kv_heads, g, n, self.value_dim).permute(0, 3, 1, 2, 4)
+        out = out.reshape(s, n, sh.heads, self.value_dim)
         keep = t.arange(n, device=dev)[None] < arrays["count"][:, None]
         return rows[keep], out[keep].to(t.float64)
 
@@ -459,7 +512,7 @@ class _Launcher:
         p = scores.sub_(top).exp_()
         total = self._with_sink(p.sum(dim=-1, keepdim=True), top)
         v = self._gather(self.v_flat, ctx, kpos, valid, 1)
-        if self.precision.round_p is None:
+        if self.precision.round_p is None and not self.precision.tf32:
             return p.div_(total).view(ctx.s, self.shape.kv_heads, -1, ctx.k_tile) @ v
         return self._mix(p, v, ctx) / total.view(ctx.s, self.shape.kv_heads, -1, 1)
 
@@ -505,10 +558,18 @@ class _Launcher:
         return acc / total.view(ctx.s, self.shape.kv_heads, -1, 1)
 
     def _mix(self, p: Any, v: Any, ctx: _Tile) -> Any:
-        """``P @ V`` for one tile, ``P`` rounded to the activation dtype first when asked."""
-        if self.precision.round_p is not None:
-            p = self._round(p, self.precision.round_p)
+        """``P @ V`` for one tile, ``P`` rounded to the activation dtype first when asked (and
+        both operands to TF32, for a kernel that declares so)."""
+        p = self._operand(p, self.precision.round_p)
+        if self.precision.tf32:
+            v = _tf32(v)
         return p.view(ctx.s, self.shape.kv_heads, -1, ctx.k_tile) @ v
+
+    def _operand(self, x: Any, dtype: str | None) -> Any:
+        """A product's operand: rounded to ``dtype`` if given, then to TF32 if declared."""
+        if dtype is not None:
+            x = self._round(x, dtype)
+        return _tf32(x) if self.precision.tf32 else x
 
     def _top(self, top: Any) -> Any:
         """Each row's maximum score, raised to its head's sink (finite: every query sees itself)."""
@@ -526,7 +587,14 @@ class _Launcher:
         kpos = ctx.arrays["lo"][:, None] + j * ctx.k_tile + t.arange(ctx.k_tile, device=self.dev)
         valid = kpos < ctx.arrays["hi"][:, None]  # [S, k_tile]
         k = self._gather(self.k_flat, ctx, kpos, valid, 0)  # [S, H_kv, k, D]
-        scores = (ctx.q @ k.transpose(-1, -2)).view(ctx.s, sh.heads, ctx.n, ctx.k_tile)
+        if self.precision.tf32:
+            k = _tf32(k)
+        if self.precision.round_qk_products is None:
+            scores = ctx.q @ k.transpose(-1, -2)
+        else:  # each q_d * k_d rounded before the sum: [S, H_kv, rows, D, k], then summed
+            products = ctx.q[..., :, :, None] * k.transpose(-1, -2)[..., None, :, :]
+            scores = self._round(products, self.precision.round_qk_products).sum(dim=-2)
+        scores = scores.view(ctx.s, sh.heads, ctx.n, ctx.k_tile)
         del k
         scores.mul_(self.scale)
         if self.cap is not None:
@@ -556,6 +624,8 @@ class _Launcher:
         slot = t.where(valid, table.gather(1, column) * self.block + kpos % self.block, 0)
         rows = (slot[:, None, :] * self.shape.kv_heads + self.kv_head).reshape(-1)
         x = flat.index_select(0, rows).view(ctx.s, self.shape.kv_heads, ctx.k_tile, -1)
+        if which == 1:
+            x = x[..., : self.value_dim]  # a latent row's c_kv columns (all of an ordinary V)
         if self.kv_scales is not None or self.precision.round_kv is not None:
             x = x.to(t.float64)
             if self.kv_scales is not None:

@@ -8,7 +8,8 @@ mapping, the causal mask off by one either way, the window edge, the scale
 missing, applied twice or left at ``1/sqrt(D)``, the soft-cap before the
 scale, a sink missing or counted twice, the ALiBi sign, a per-KV-head slope
 or an origin at key 0, a neighbour's block-table row, K and V scales
-swapped) and names the one that reproduces the backend's output: its error
+swapped; of a latent layer, the rope part left out of the score and V read
+at the rope columns) and names the one that reproduces the backend's output: its error
 against the backend must be a small share (:data:`EXPLAINED`) of the
 reference's, and the smallest of all.
 
@@ -30,11 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from conformance.judges.dtypes import F64
-from spec.attention import AttentionVariant
+from conformance.interpreter.arithmetic import tf32
+from conformance.judges.dtypes import F64, round_to
+from spec.attention import AttentionVariant, latent_kv
 from spec.batch import BatchMetadata
 from spec.block_manager import cdiv
 from spec.kv_memory import KVMemory
+from spec.quant import round_fp8
 
 EXPLAINED = 0.1
 """A mistake explains an output when its error against the backend is at most this share of the
@@ -60,6 +63,9 @@ class Mistake:
     row_shift: int = 0  # sequence i reads the block-table row i + row_shift
     kv_scales_swapped: bool = False
     past_length: bool = False  # the last block read whole: its slots past seq_len taken as keys
+    products: str = "exact"  # "tf32", "activation" or "fp8": products rounded so (PRODUCTS)
+    latent_no_rope: bool = False  # latent: the score q_latent . c_kv alone, no rope part
+    latent_value_late: bool = False  # latent: V read latent_dim wide from the row's end
 
 
 HYPOTHESES: tuple[tuple[str, Mistake], ...] = (
@@ -110,6 +116,31 @@ HYPOTHESES: tuple[tuple[str, Mistake], ...] = (
         "the block's previous owner read as keys",
         Mistake(past_length=True),
     ),
+    (
+        "attention whose float32 products take TF32 operands (tl.dot's default precision on "
+        'NVIDIA GPUs): products rounded to TF32; use input_precision="ieee", or declare '
+        'products="tf32"',
+        Mistake(products="tf32"),
+    ),
+    (
+        "attention whose q.k products are each rounded to the activation dtype before the sum: "
+        'q.k products rounded to the activation dtype; or declare products="activation"',
+        Mistake(products="activation"),
+    ),
+    (
+        'attention with Q and P cast to the fp8 cache dtype: or declare products="fp8"',
+        Mistake(products="fp8"),
+    ),
+    (
+        "latent attention whose scores leave out the rope part (q_latent . c_kv alone): "
+        "the rope part of the score missing",
+        Mistake(latent_no_rope=True),
+    ),
+    (
+        "latent attention whose V is read latent_dim wide from the row's end (rope_dim "
+        "columns late, into k_rope): the value offset",
+        Mistake(latent_value_late=True),
+    ),
 )
 """Each named mistake, as the report names it."""
 
@@ -134,6 +165,9 @@ class Case:
     wider: Sequence[_Keys | None] = ()  # each sequence's keys from one position earlier
     whole: Sequence[_Keys | None] = ()  # each sequence's keys to the end of its last block
     shifted: dict[int, Sequence[_Keys | None]] | None = None  # row shift -> keys through it
+    dtype: str = "float32"  # the activation dtype (the product mistakes depend on it)
+    kv_dtype: str | None = None  # the fp8 cache dtype, if any
+    latent_dim: int | None = None  # a latent layer: keys are rows, values their c_kv
 
 
 def case_for(
@@ -144,6 +178,7 @@ def case_for(
     group: int,
     scale: float,
     variant: AttentionVariant,
+    dtype: str = "float32",
 ) -> Case:
     """The :class:`Case` of one attention call, read from the spec's memory."""
     scales = memory.kv_scales[layer] if memory.kv_dtype is not None else (1.0, 1.0)
@@ -156,14 +191,27 @@ def case_for(
         positions = np.asarray(batch.positions[start:end], dtype=np.int64)
         first = variant.first_visible(int(positions[0])) if positions.size else 0
         n = batch.seq_lens[i]
-        keys.append((*memory.gather(layer, tables[i], n, start=first), positions, first))
+        keys.append((*_read(memory, layer, tables[i], n, first), positions, first))
         wider.append(_try_gather(memory, layer, tables[i], n, max(0, first - 1), positions))
         whole.append(_try_gather(memory, layer, tables[i], cdiv(n, b) * b, first, positions))
         for shift in (1, -1):
             j = (i + shift) % batch.num_seqs
             got = _try_gather(memory, layer, tables[j], n, first, positions)
             shifted[shift].append(got if j != i else None)
-    return Case(query, keys, scale, variant, scales, wider, whole, dict(shifted))
+    shifts: dict[int, Sequence[_Keys | None]] = dict(shifted)
+    return Case(
+        query,
+        keys,
+        scale,
+        variant,
+        scales,
+        wider,
+        whole,
+        shifts,
+        dtype,
+        memory.kv_dtype,
+        memory.latent_dim,
+    )
 
 
 def _try_gather(
@@ -179,25 +227,55 @@ def _try_gather(
     used = table[first // b : -(-n // b)]
     if len(table) * b < n or any(not 0 <= x < memory.shape[0] for x in used):
         return None
-    k, v = memory.gather(layer, table, n, start=first)
+    k, v = _read(memory, layer, table, n, first)
     if not (np.isfinite(k).all() and np.isfinite(v).all()):
         return None
     return k, v, positions, first
+
+
+def _read(
+    memory: KVMemory, layer: int, table: Sequence[int], n: int, first: int
+) -> tuple[F64, F64]:
+    """The K and V attention reads of positions ``first .. n - 1`` (of a latent memory, the
+    row and its c_kv: :func:`spec.attention.latent_kv`)."""
+    k, v = memory.gather(layer, table, n, start=first)
+    return (k, v) if memory.latent_dim is None else latent_kv(k, v)
+
+
+def needs(mistake: Mistake) -> frozenset[str]:
+    """The attention variants (:data:`spec.attention.VARIANTS`) a mistake is about.
+
+    >>> sorted(needs(Mistake(alibi_from_zero=True))), sorted(needs(Mistake(causal=1)))
+    (['alibi'], [])
+    """
+    about = {
+        "window": mistake.window != 0,
+        "softcap": mistake.softcap_unscaled,
+        "sinks": mistake.sink_weight != 1.0,
+        "alibi": mistake.alibi_sign != 1.0 or mistake.alibi_kv_slope or mistake.alibi_from_zero,
+    }
+    return frozenset(name for name, on in about.items() if on)
+
+
+def named(diagnosis: str | None) -> Mistake | None:
+    """The mistake a :func:`diagnose` line names, if any."""
+    if not diagnosis or not diagnosis.startswith("matches "):
+        return None
+    first = diagnosis.splitlines()[0].removeprefix("matches ")
+    return next((m for name, m in HYPOTHESES if name == first), None)
 
 
 def attend_with(case: Case, mistake: Mistake) -> F64 | None:
     """The step's output ``[T, H, D]`` computed with ``mistake``; ``None`` where it does not
     apply (a soft-cap mistake on a layer without one, a shifted row that cannot hold a sequence)."""
     v = case.variant
-    needs = {
-        "window": mistake.window != 0,
-        "softcap": mistake.softcap_unscaled,
-        "sinks": mistake.sink_weight != 1.0,
-        "alibi": mistake.alibi_sign != 1.0 or mistake.alibi_kv_slope or mistake.alibi_from_zero,
-    }
-    if any(on and name not in v.features for name, on in needs.items()):
+    if not needs(mistake) <= v.features:
+        return None
+    if (mistake.latent_no_rope or mistake.latent_value_late) and case.latent_dim is None:
         return None
     if mistake.kv_scales_swapped and case.kv_scales[0] == case.kv_scales[1]:
+        return None
+    if not _products_apply(mistake.products, case):
         return None
     keys: Sequence[_Keys | None] = case.keys
     if mistake.row_shift:
@@ -210,7 +288,8 @@ def attend_with(case: Case, mistake: Mistake) -> F64 | None:
         keys = case.whole
     if len(keys) != len(case.keys):
         return None  # a case built without these keys (``wider``, ``whole``): not tried
-    out = np.zeros(case.query.shape)
+    width = case.keys[0][1].shape[2] if case.keys else case.query.shape[2]  # V's (latent: c_kv)
+    out = np.zeros((*case.query.shape[:2], width))
     row = 0
     for got in keys:
         if got is None:
@@ -219,6 +298,10 @@ def attend_with(case: Case, mistake: Mistake) -> F64 | None:
         if mistake.kv_scales_swapped:
             ks, vs = case.kv_scales
             k, val = k / ks * vs, val / vs * ks
+        if mistake.latent_no_rope:
+            k = np.concatenate([k[..., : val.shape[2]], np.zeros_like(k[..., val.shape[2] :])], -1)
+        if mistake.latent_value_late:
+            val = k[..., k.shape[2] - val.shape[2] :]
         n = positions.size
         out[row : row + n] = _attend(
             case.query[row : row + n], k, val, positions, first, case, mistake
@@ -227,11 +310,32 @@ def attend_with(case: Case, mistake: Mistake) -> F64 | None:
     return out
 
 
+def _products_apply(products: str, case: Case) -> bool:
+    """Whether rounding products as ``products`` changes anything for ``case``'s dtypes."""
+    return {
+        "exact": True,
+        "tf32": case.dtype == "float32",
+        "activation": case.dtype != "float32",
+        "fp8": case.kv_dtype is not None,
+    }[products]
+
+
+def _operand(x: F64, m: Mistake, case: Case, fp8: bool = False) -> F64:
+    """A product's operand as a kernel with mistake ``m`` reads it: TF32, or cast to fp8."""
+    if m.products == "tf32":
+        out: F64 = tf32(x.astype(np.float32)).astype(np.float64)
+        return out
+    if m.products == "fp8" and fp8 and case.kv_dtype is not None:
+        return round_fp8(x, case.kv_dtype)
+    return x
+
+
 def _attend(
     q: F64, k: F64, v: F64, positions: NDArray[np.int64], first: int, case: Case, m: Mistake
 ) -> F64:
     """Float64 attention of one sequence's queries over its keys, with mistake ``m``."""
     variant = case.variant
+    q, k, v = _operand(q, m, case, fp8=True), _operand(k, m, case), _operand(v, m, case)
     heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
     scale = {
@@ -247,10 +351,13 @@ def _attend(
     if variant.window is not None:
         w = variant.window + m.window
         visible &= key_pos[None, :] > positions[:, None] - w
-    out = np.zeros(q.shape)
+    out = np.zeros((*q.shape[:2], v.shape[2]))
     for h in range(heads):
         kv = h % kv_heads if m.head_map == "mod" else h // group
-        raw = q[:, h] @ k[:, kv].T
+        if m.products == "activation":  # each q_d * k_d rounded to the dtype, then summed
+            raw = round_to(q[:, h, None, :] * k[None, :, kv], case.dtype).sum(axis=-1)
+        else:
+            raw = q[:, h] @ k[:, kv].T
         scores = raw * scale
         if variant.softcap is not None:
             c = variant.softcap
@@ -270,7 +377,10 @@ def _attend(
         if sink is not None:
             total = total + m.sink_weight * np.exp(sink - top)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out[:, h] = (weights / total) @ v[:, kv]
+            if m.products in ("tf32", "fp8"):  # P rounded unnormalised, as a kernel's P @ V
+                out[:, h] = (_operand(weights, m, case, fp8=True) @ v[:, kv]) / total
+            else:
+                out[:, h] = (weights / total) @ v[:, kv]
     return out
 
 
@@ -292,6 +402,7 @@ def diagnose(case: Case, expected: F64, actual: F64) -> str | None:
             got = attend_with(case, mistake)
         if got is None or not np.isfinite(got).all():
             continue
+        got = round_to(got, case.dtype)  # as a kernel hands it back: in its activation dtype
         d = _distance(got, actual)
         if d <= EXPLAINED * base and (best is None or d < best[0]):
             best = (d, name)

@@ -31,6 +31,7 @@ its floor for the steps it judges, and for those only.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -134,10 +135,24 @@ class OracleChoice:
     device: str
     memory_limit: int
     resident: bool = False  # the spec's memory kept on the device (conformance.judges.resident_kv)
+    fast: bool = True  # False: torch is not installed, the spec judges every step
 
     def choose(self, cost: int, device: str) -> str:
-        """``"fast"`` for a large step or a backend not on the CPU, else ``"spec"``."""
+        """``"fast"`` for a large step or a backend not on the CPU, else ``"spec"`` (always
+        ``"spec"`` without the fast reference)."""
+        if not self.fast:
+            return SPEC
         return FAST if device != "cpu" or cost >= FAST_THRESHOLD else SPEC
+
+    def note(self) -> str:
+        """What a report says of the references when they are not the usual pair: without
+        torch, the spec judges every step ("" otherwise)."""
+        if self.fast:
+            return ""
+        return (
+            f"{ORACLE_NAMES[SPEC]}, every step: torch is not installed, so the fast reference "
+            "is off (pip install 'paged-spec[torch]' brings it)"
+        )
 
 
 def oracle_for_run(backend_device: str, memory_limit: int | None = None) -> OracleChoice:
@@ -157,7 +172,13 @@ def oracle_for_run(backend_device: str, memory_limit: int | None = None) -> Orac
 
 @functools.lru_cache(maxsize=8)
 def _checked_choice(backend_device: str, limit: int) -> OracleChoice:
-    """Once per device and limit in a process: resolve the device and run the start-up check."""
+    """Once per device and limit in a process: resolve the device and run the start-up check.
+
+    Without torch, a backend on the CPU is judged by the spec alone (the base install);
+    a backend elsewhere needs torch anyway, and is told so.
+    """
+    if backend_device == "cpu" and importlib.util.find_spec("torch") is None:
+        return OracleChoice("cpu", limit, fast=False)
     try:
         dev = str(resolve_device(backend_device))
     except DeviceUnavailableError as e:
@@ -232,8 +253,11 @@ def reference_outputs(
     dtype: str,
     quantized_kv: bool,
     oracle: str,
+    products: str = "exact",
+    kv_dtype: str | None = None,
 ) -> tuple[F64, F64]:
-    """The float64 and same-precision references of one step and layer, by ``oracle``.
+    """The float64 and same-precision references of one step and layer, by ``oracle``; the
+    same-precision one rounds products as the backend declares (``products``, ``kv_dtype``).
 
     An out-of-memory error of the fast reference is a :class:`SetupError`
     naming :data:`MEMORY_ENV` and ``--reference-memory``: the suite's limit,
@@ -245,9 +269,8 @@ def reference_outputs(
         args = (query, batch, memory, layer, scale)
         try:
             exact = spec_attention(*args, variant=variant, group=group)
-            same = spec_attention(
-                *args, variant=variant, group=group, precision=spec_same(dtype, quantized_kv)
-            )
+            precision = spec_same(dtype, quantized_kv, products, kv_dtype)
+            same = spec_attention(*args, variant=variant, group=group, precision=precision)
         except MemoryError as e:
             raise SetupError(
                 f"the spec's reference ran out of memory at a step of {batch.num_seqs} sequences "
@@ -267,7 +290,7 @@ def reference_outputs(
             scale,
             variant=variant,
             group=group,
-            precision=same_precision(dtype, quantized_kv),
+            precision=same_precision(dtype, quantized_kv, products, kv_dtype),
             memory_limit=limit,
         )
     except MemoryLimitError as e:

@@ -8,14 +8,18 @@ step reads, sent over again: for a decode of 64 sequences at 8,192 tokens,
 times what the step itself writes. :class:`ResidentKV` is the spec's memory
 (it *is* a :class:`~spec.kv_memory.KVMemory`: every rule and check is the
 spec's) that also keeps, on the device, the blocks written so far, and
-follows the memory's two changes: a write sends the blocks it touched (only
-those), a block copy is done on the device. The cache it hands the oracle is
-that resident copy, so a step sends only what it wrote.
+follows the memory's changes: a write sends the blocks it touched (only
+those), a block copy is done on the device, and a backend's other correct fp8
+value, once accepted (:meth:`~spec.kv_memory.KVMemory.accept`), is sent too.
+The cache it hands the oracle is that resident copy, so a step sends only what
+it wrote.
 
 The copy holds each block once, in the order first written (a large pool
 of millions of blocks holds only the few the example used), as float32: every
 value a cache holds (float16, bfloat16, float32, fp8 values, the poison NaN
-and infinities) is exact in float32, and each upload checks it is.
+and infinities) is exact in float32, and each upload checks it is. A latent
+memory's copy is its rows, one tensor a layer, which the oracle reads as the
+key and, in their first ``latent_dim`` columns, as the value.
 
 >>> m = ResidentKV(1, 8, 2, num_kv_heads=1, head_dim=1, device="cpu")
 >>> m.write(0, np.array([[[1.0]], [[2.0]]]), np.array([[[3.0]], [[4.0]]]), [6, 7])
@@ -32,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from conformance.judges.dtypes import F64
 from conformance.judges.fast_reference import PagedKV, resolve_device
 from spec.batch import check_copies
 from spec.block_manager import PAD_SLOT
@@ -60,6 +65,7 @@ class ResidentKV(KVMemory):
         kv_dtype: str | None = None,
         kv_scales: Sequence[tuple[float, float]] = (),
         lazy: bool | None = None,
+        latent_dim: int | None = None,
     ) -> None:
         super().__init__(
             num_layers,
@@ -70,6 +76,7 @@ class ResidentKV(KVMemory):
             kv_dtype=kv_dtype,
             kv_scales=kv_scales,
             lazy=lazy,
+            latent_dim=latent_dim,
         )
         import torch
 
@@ -77,8 +84,9 @@ class ResidentKV(KVMemory):
         self.device = resolve_device(device)
         self.block_ids: list[int] = []  # the pool block each row holds, in the order written
         self._row: dict[int, int] = {}
+        parts = 2 if self.latent_dim is None else 1  # K and V, or a latent layer's rows
         self._copies: list[list[Any]] = [
-            [self._empty(8), self._empty(8)] for _ in range(num_layers)
+            [self._empty(8) for _ in range(parts)] for _ in range(num_layers)
         ]
         self.sent_bytes = 0
 
@@ -89,6 +97,15 @@ class ResidentKV(KVMemory):
         slots = check_slot_mapping(slot_mapping, self.num_slots)
         touched = np.unique(slots[slots != PAD_SLOT] // self.shape[1])
         self._send(layer, [int(b) for b in touched])
+
+    def accept(self, layer: int, which: int, slots: Sequence[int], rows: Any) -> int:
+        """The spec's accept (a backend's other correct fp8 value), then the blocks it changed
+        sent to the device."""
+        changed = super().accept(layer, which, slots, rows)
+        if changed:
+            index = check_slot_mapping(slots, self.num_slots)
+            self._send(layer, [int(b) for b in np.unique(index // self.shape[1])])
+        return changed
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """The spec's copies, then the same copies on the device (a destination whose source
@@ -109,7 +126,8 @@ class ResidentKV(KVMemory):
     def layer_cache(self, layer: int) -> PagedKV:
         """The device copy of ``layer``: the rows written so far, named by their pool blocks."""
         n = len(self.block_ids)
-        k, v = (copy[:n] for copy in self._copies[self._check_layer(layer)])
+        copies = [copy[:n] for copy in self._copies[self._check_layer(layer)]]
+        k, v = copies if self.latent_dim is None else (copies[0], copies[0][..., : self.latent_dim])
         scales = self.kv_scales[layer] if self.kv_dtype is not None else None
         return PagedKV(k, v, scales, tuple(self.block_ids), self.shape[0])
 
@@ -118,7 +136,10 @@ class ResidentKV(KVMemory):
         if not blocks:
             return
         rows = self._rows(blocks)
-        for which, stored in enumerate(self.read_blocks(layer, blocks)):
+        parts: tuple[F64, ...] = self.read_blocks(layer, blocks)
+        if self.latent_dim is not None:  # c_kv and k_rope: one row again
+            parts = (np.concatenate(parts, axis=-1),)
+        for which, stored in enumerate(parts):
             values = self._torch.from_numpy(stored.astype(np.float32))
             exact = np.array_equal(values.numpy().astype(np.float64), stored, equal_nan=True)
             assert exact, "a stored K or V value is not exact in float32"

@@ -68,6 +68,7 @@ replays as a plain script (see :mod:`conformance.reports.report`):
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -78,12 +79,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.bounds.checker import BoundsChecker, Watched
-from conformance.errors import SetupError, SuiteStopped
+from conformance.errors import SetupError, SpecSideBug, SuiteStopped
 from conformance.judges.compare import (
     Difference,
     example_difference,
     first_kv_difference,
     first_output_difference,
+    latent_output_note,
+    latent_part_note,
 )
 from conformance.judges.coverage import Coverage
 from conformance.judges.device_contract import (
@@ -101,6 +104,8 @@ from conformance.judges.numerics import (
     ExampleMeter,
     Margins,
     output_errors,
+    probability_rounding,
+    probability_spread,
     ulp_scale,
 )
 from conformance.judges.oracle import (
@@ -123,6 +128,7 @@ from conformance.lockstep.workload import (
     WorkloadConfig,
     background,
     guard_background,
+    kv_parts,
     large_logits,
     padding_rows,
     poison_rows,
@@ -130,6 +136,7 @@ from conformance.lockstep.workload import (
 )
 from conformance.run.calls import attention_calls, sub_batch, token_rows
 from spec.attention import AttentionVariant
+from spec.attention_batched import paged_attention_batched as spec_attention
 from spec.backend import Backend
 from spec.batch import PAD_BLOCK, BatchMetadata, GroupLayout, build_batch
 from spec.block_manager import PAD_SLOT, BlockManager, cdiv
@@ -138,7 +145,7 @@ from spec.capabilities import Capabilities
 from spec.errors import OutOfBlocksError
 from spec.kv_geometry import KVGeometry
 from spec.kv_memory import KVMemory, held_lazily
-from spec.quant import dequantize, quantize
+from spec.quant import dequantize, quantize, quantize_range
 
 _T = TypeVar("_T")
 
@@ -149,6 +156,16 @@ SWEEP_EVERY = 8
 READ_ELEMENTS = 1 << 24
 """Elements of K (and as many of V) read back at once in a comparison: a larger pool is read
 and compared by blocks, in parts of at most this many (128 MiB each as float64)."""
+ACCEPTED_NEIGHBOURS = (
+    "fp8 values accepted as the other side of a rounding tie (a compiled division: 2 ulp)"
+)
+"""The check that counts stored fp8 values the spec took from a backend: each the other neighbour
+a correct kernel may store where the exact quotient lies within 2 ulp of a rounding boundary."""
+P_ROUNDING_ALLOWED = (
+    "steps and layers passed allowing for where the kernel rounds probabilities (6 sigma)"
+)
+"""The check that counts outputs judged less :data:`~conformance.judges.numerics.PROBABILITY_SIGMAS`
+of probability rounding: they failed check 1 against the reference's own rounding alone."""
 BOUNDS_CHECKED = (
     "create_cache",
     "write_kv",
@@ -162,12 +179,16 @@ capabilities and ``attention_path``, which only describe the backend)."""
 
 
 class ConformanceFailure(AssertionError):
-    """The backend disagreed with the spec; carries the difference and the workload so far."""
+    """The backend disagreed with the spec; carries the difference and the workload so far (and
+    its configuration, from which a run names the failure's cause)."""
 
-    def __init__(self, difference: Difference, log: Sequence[str]) -> None:
+    def __init__(
+        self, difference: Difference, log: Sequence[str], config: WorkloadConfig | None = None
+    ) -> None:
         super().__init__(difference.describe())
         self.difference = difference
         self.log = list(log)
+        self.config = config
 
 
 class Lockstep:
@@ -186,8 +207,10 @@ class Lockstep:
         whole_pool_slots: int = WHOLE_POOL_SLOTS,
         bounds: BoundsChecker | None = None,
         oracle: OracleChoice | None = None,
+        call_seconds: dict[str, float] | None = None,
     ) -> None:
         g = config.geometry
+        self.call_seconds: dict[str, float] = {} if call_seconds is None else call_seconds
         self.backend = backend
         self.bounds = bounds
         self.guard = CallGuard() if guard is None else guard
@@ -205,7 +228,8 @@ class Lockstep:
         self.checks: Counter[str] = Counter() if checks is None else checks
         self.skips: Counter[str] = Counter() if skips is None else skips
         self.coverage = Coverage() if coverage is None else coverage
-        self.margins = Margins() if margins is None else margins
+        self.margins = Margins() if margins is None else margins  # the run's, at finish()
+        self._margins = Margins()  # this example's, until it has passed
         self.step_index = 0
         checked = "" if bounds is None else f", bounds={bounds!r}"  # replays check the same
         self.log = [f"ls = Lockstep(backend, {config!r}{checked})"]
@@ -229,6 +253,7 @@ class Lockstep:
             num_kv_heads=g.num_kv_heads,
             gqa_ratio=ratio,
             dtype=g.dtype,
+            latent=g.kv_widths if g.is_latent else None,
         )
         self._guards = self._guard_blocks()
         if self.groups is not None:
@@ -299,13 +324,16 @@ class Lockstep:
             self._call("copy_blocks", self.backend.copy_blocks, self._shift_copies(batch.copies))
             self.memory.copy_blocks(batch.copies)
             calls = self._attention_calls(batch)
-            outputs = [
-                self._run_layer(layer, batch, calls)
-                for layer in range(self.config.geometry.num_layers)
-            ]
-            # KV first: a wrong cache is the usual root cause of a wrong output
+            layers = range(self.config.geometry.num_layers)
+            ran_layers = [self._run_layer(layer, batch, calls) for layer in layers]
+            # KV first: a wrong cache is the usual root cause of a wrong output. And the
+            # references after it, from the KV that is there (an accepted fp8 neighbour).
             whole = self._whole or self.step_index % SWEEP_EVERY == 0
             self._check_kv(None if whole else _written_blocks(batch), batch.seq_ids)
+            outputs = [
+                (*self._reference(query, batch_done, layer), got, paths)
+                for layer, (query, batch_done, got, paths) in zip(layers, ran_layers, strict=True)
+            ]
             self._check_outputs(batch, calls, outputs)
             return [seq_id for seq_id, _ in ran]
 
@@ -341,20 +369,27 @@ class Lockstep:
         with self._op():
             self._check_kv(None, None)
             example = self._example.result()
-            self.margins.note_example(example)
+            self._margins.note_example(example)
             diff = example_difference(self.step_index, example)
             if diff is not None:
-                raise ConformanceFailure(diff, self.log)
+                raise ConformanceFailure(diff, self.log, self.config)
             self.checks["examples judged for mean error and bias (in ulps)"] += 1
+            self.margins.add(self._margins)  # a passing example's: its failures are reported
 
     # -- checks -------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """The spec's block-table and pool invariants (every group's, with KV cache groups)."""
-        if self.groups is not None:
-            self.groups.check_integrity()
-        else:
-            self.manager.check_integrity()
+        """The spec's block-table and pool invariants (every group's, with KV cache groups);
+        a break stops the run as the spec's or the suite's bug (:class:`SpecSideBug`)."""
+        try:
+            if self.groups is not None:
+                self.groups.check_integrity()
+            else:
+                self.manager.check_integrity()
+        except AssertionError as err:
+            raise SuiteStopped(
+                SpecSideBug(f"after step {self.step_index}, the spec's block tables or pool: {err}")
+            ) from err
 
     def check_cache(self) -> None:
         """Every block of the spec's pool (and the guards) equals the backend's, bit for bit."""
@@ -368,16 +403,17 @@ class Lockstep:
             list(range(g.num_blocks)) if blocks is None else [x for x in blocks if x < g.num_blocks]
         )
         owners = [self._owners(group) for group in range(g.num_groups)]
-        b, row = g.block_size, (g.num_kv_heads, g.head_dim)
+        b, names = g.block_size, kv_parts(g)
         slots = (np.asarray(ids, dtype=np.int64)[:, None] * b + np.arange(b)).reshape(-1)
         chunk = self._read_chunk(len(ids))
         for layer in range(g.num_layers):
-            found: dict[str, list[Difference]] = {"K": [], "V": []}
+            found: dict[str, list[Difference]] = {name: [] for name in names}
             for lo in range(0, len(ids), chunk):
                 part = ids[lo : lo + chunk]
                 got = self._read(layer, part)
-                want = self.memory.read_blocks(layer, part)  # a lazy pool (2^26 elements) too
-                for name, spec, actual in zip("KV", want, got, strict=True):
+                want = self._accepted(layer, part, got)  # a lazy pool (2^26 elements) too
+                for name, width, spec, actual in zip(names, g.kv_widths, want, got, strict=True):
+                    row = (g.num_kv_heads, width)
                     diff = first_kv_difference(
                         self.step_index,
                         layer,
@@ -397,12 +433,36 @@ class Lockstep:
                     first = (
                         min(live, key=lambda d: (d.seq_id or 0, d.token or 0)) if live else diffs[0]
                     )
-                    raise ConformanceFailure(self._named(first, layer), self.log)
+                    raise ConformanceFailure(self._named(first, layer), self.log, self.config)
             self._check_guards(layer)
         self.checks["K and V slots compared exactly"] += 2 * g.num_layers * len(ids) * b
         if blocks is None:
             self.checks["whole-pool comparisons"] += 1
         self._check_spec_truth(None if blocks is None else seq_ids, blocks)
+
+    def _accepted(self, layer: int, blocks: list[int], got: tuple[F64, F64]) -> tuple[F64, F64]:
+        """The spec's K and V of ``blocks``, once it holds each fp8 value the backend stored that
+        is the other one a correct kernel may store there (a compiled division lands on either
+        side of a rounding tie: :func:`spec.quant.quantize_range`). Attention is judged from
+        then on against the KV that is there; anything else stays a difference."""
+        want = self.memory.read_blocks(layer, blocks)
+        if self.config.geometry.kv_dtype is None:
+            return want
+        b = self.config.geometry.block_size
+        changed = 0
+        for which, other in enumerate(self.memory.others(layer, blocks)):
+            held, actual = want[which], got[which]
+            takes = _same(actual, other) & ~_same(actual, held)
+            rows = np.flatnonzero(takes.reshape(len(blocks) * b, -1).any(axis=1))
+            if rows.size == 0:
+                continue
+            slots = [blocks[r // b] * b + r % b for r in rows.tolist()]
+            merged = np.where(takes, actual, held).reshape(len(blocks) * b, *held.shape[2:])
+            changed += self.memory.accept(layer, which, slots, merged[rows])
+        if not changed:
+            return want
+        self.checks[ACCEPTED_NEIGHBOURS] += changed
+        return self.memory.read_blocks(layer, blocks)
 
     def _read_chunk(self, num_blocks: int) -> int:
         """Blocks per read of a comparison: all of them, unless they pass
@@ -422,9 +482,13 @@ class Lockstep:
         ids = [blk for blk, _ in self._guards]
         got = self._read(layer, ids, backend_ids=True)
         want = guard_background(self.config, layer, len(ids) * g.block_size)
-        row = (g.num_kv_heads, g.head_dim)
-        for which, name in enumerate("KV"):
+        for which, name in enumerate(kv_parts(g)):
+            row = (g.num_kv_heads, g.kv_widths[which])
             expected = self._as_stored(want[which], layer, which)
+            if self.config.geometry.kv_dtype is not None:  # either side of a tie is correct
+                low, high = self._stored_range(want[which], layer, which)
+                actual = got[which].reshape(expected.shape)
+                expected = np.where(_same(actual, low) | _same(actual, high), actual, expected)
             for j, (blk, _) in enumerate(self._guards):
                 lo = j * g.block_size
                 diff = first_kv_difference(
@@ -439,7 +503,9 @@ class Lockstep:
                 )
                 if diff is not None:
                     detail = f"guard block {blk} (the workload never writes it) changed: "
-                    raise ConformanceFailure(replace(diff, detail=detail + diff.detail), self.log)
+                    raise ConformanceFailure(
+                        replace(diff, detail=detail + diff.detail), self.log, self.config
+                    )
         self.checks["guard blocks around a large pool unchanged"] += len(ids)
 
     def _check_spec_truth(
@@ -463,26 +529,36 @@ class Lockstep:
                 lo = start if touched is None else _first_touched(table, touched, start, n, b)
                 if lo == n:
                     continue
-                k, v = self.memory.gather(layer, table, n, start=lo)
-                tk, tv = (
-                    self._as_read(x[lo:], layer, i)
-                    for i, x in enumerate(self._truth.rows(seq_id, tokens, layer))
-                )
-                if not (np.array_equal(k, tk) and np.array_equal(v, tv)):
-                    raise AssertionError(
-                        f"internal error: the spec's KV for sequence {seq_id}, layer {layer} is "
-                        "not what was written for its tokens (a bug in spec/, not the backend)"
+                held = self.memory.gather(layer, table, n, start=lo)
+                truth = self._truth.rows(seq_id, tokens, layer)
+                if not all(
+                    self._reads_as(x, t[lo:], layer, i)
+                    for i, (x, t) in enumerate(zip(held, truth, strict=True))
+                ):
+                    raise SuiteStopped(
+                        SpecSideBug(
+                            f"at step {self.step_index}, the spec's KV for sequence {seq_id}, "
+                            f"layer {layer} is not what was written for its tokens"
+                        )
                     )
                 checked = max(checked, n - lo)
             self.checks["spec KV equals the tokens' ground truth"] += checked
 
-    def _as_read(self, x: F64, layer: int, which: int) -> F64:
-        """What attention reads back for written values ``x``: themselves, or fp8 round trips."""
+    def _reads_as(self, held: F64, written: F64, layer: int, which: int) -> bool:
+        """Whether the spec's memory reads back ``held`` for written values ``written``: they
+        themselves, or for fp8, a value a correct kernel may store for each, dequantized."""
         g = self.config.geometry
         if g.kv_dtype is None:
-            return x
+            return bool(np.array_equal(held, written))
         scale = g.kv_scales[layer][which]
-        return dequantize(quantize(x, scale, g.kv_dtype), scale)
+        low, high = (dequantize(x, scale) for x in self._stored_range(written, layer, which))
+        return bool((_same(held, low) | _same(held, high)).all())
+
+    def _stored_range(self, x: F64, layer: int, which: int) -> tuple[F64, F64]:
+        """The lowest and highest fp8 value a correct cache stores for ``x``."""
+        g = self.config.geometry
+        assert g.kv_dtype is not None
+        return quantize_range(x, g.kv_scales[layer][which], g.kv_dtype)
 
     def _as_stored(self, x: F64, layer: int, which: int) -> F64:
         """What the cache stores for written values ``x``: themselves, or their fp8 values."""
@@ -511,21 +587,44 @@ class Lockstep:
             same = round_to(same, dtype)
             scale = ulp_scale(exact, dtype)
             oracle = None if self._oracle_used == SPEC else self._oracle_name()
-            errors = output_errors(exact, same, actual, dtype, self._regime, path, scale, oracle)
-            self.margins.note_step(errors)
+            judge = (exact, same, actual, dtype, self._regime, path, scale, oracle)
+            errors, spread = output_errors(*judge, products=self.caps.products), None
+            if not errors.passed and probability_rounding(dtype) and np.isfinite(actual).all():
+                spread = self._spread(batch, attended, layer)  # where the kernel rounded P
+                errors = output_errors(*judge, spread=spread, products=self.caps.products)
+                if errors.passed:
+                    self.checks[P_ROUNDING_ALLOWED] += 1
+            self._margins.note_step(errors)
             diff = first_output_difference(
-                self.step_index, layer, exact, actual, errors, rows, self._poison_name
+                self.step_index, layer, exact, actual, errors, rows, self._poison_name, spread
             )
             if diff is not None:
                 diff = replace(
                     diff, diagnosis=self._diagnose(batch, attended, layer, exact, actual)
                 )
-                raise ConformanceFailure(self._named(diff, layer), self.log)
+                raise ConformanceFailure(self._named(diff, layer), self.log, self.config)
             self._example.add(exact, actual, same, scale[0])
             self.checks["attention outputs judged against the same-precision reference"] += len(
                 rows
             )
             self.checks[f"attention outputs judged by {self._oracle_name()}"] += len(rows)
+
+    def _spread(self, batch: BatchMetadata, attended: list[int], layer: int) -> F64:
+        """Each attended output's sigma of probability rounding (:func:`probability_spread`),
+        computed by the spec from the KV the step read."""
+        c = self.config
+        query = queries(c, self.step_index, layer, batch.num_tokens)[token_rows(batch, attended)]
+        spread: F64 = spec_attention(
+            query,
+            sub_batch(batch, attended),
+            self.memory,
+            layer,
+            c.scale,
+            variant=c.variant(layer),
+            group=c.geometry.group_of(layer),
+            precision=probability_spread(c.dtype),
+        )
+        return spread
 
     def _diagnose(
         self, batch: BatchMetadata, attended: list[int], layer: int, exact: F64, actual: F64
@@ -541,6 +640,7 @@ class Lockstep:
             c.geometry.group_of(layer),
             c.scale,
             c.variant(layer),
+            c.dtype,
         )
         return diagnose(case, exact, actual)
 
@@ -583,10 +683,10 @@ class Lockstep:
             ]
             if not slots:
                 continue
-            rows = poison_rows(c, len(slots))
+            k_rows, v_rows = poison_rows(c, len(slots))
             for layer in layers:
-                self._write_kv(layer, rows, rows, self._shift_slots(slots))
-                self.memory.write(layer, rows, rows, slots)
+                self._write_kv(layer, k_rows, v_rows, self._shift_slots(slots))
+                self.memory.write(layer, k_rows, v_rows, slots)
             self.checks["slots no live token owns poisoned"] += len(slots) * len(layers)
 
     def _pool(self, group: int) -> BlockPool:
@@ -702,19 +802,19 @@ class Lockstep:
 
     def _run_layer(
         self, layer: int, batch: BatchMetadata, calls: list[_Call]
-    ) -> tuple[F64, F64, F64, list[str | None]]:
-        """Write this step's K and V (with padding), then run each attention call on both sides.
+    ) -> tuple[F64, BatchMetadata, F64, list[str | None]]:
+        """Write this step's K and V (with padding) on both sides, then run each attention call.
 
-        Returns the float64 reference, the same-precision reference and the
-        backend's output for the attended rows, and the backend's paths.
+        Returns the attended rows' queries and their batch (what the references
+        take, once the KV is compared), the backend's output for them, and its paths.
         """
         c = self.config
         key, value = self._new_kv(layer, batch)
         pad = self.step_index % 3  # padding slots (-1), then one row past the slot mapping
-        junk = padding_rows(c, self.step_index, layer, pad + 1)
+        junk_k, junk_v = padding_rows(c, self.step_index, layer, pad + 1)
         group = c.geometry.group_of(layer)
         slots = self._shift_slots(batch.slots(group)) + [PAD_SLOT] * pad
-        self._write_kv(layer, np.concatenate([key, junk]), np.concatenate([value, -junk]), slots)
+        self._write_kv(layer, np.concatenate([key, junk_k]), np.concatenate([value, junk_v]), slots)
         self.memory.write(layer, key, value, batch.slots(group))
         self._note_offset(max(slots))
         query = queries(c, self.step_index, layer, batch.num_tokens)
@@ -734,15 +834,14 @@ class Lockstep:
             self._note_pairs(sub, variant, paths[-1])
         attended = sub_batch(batch, [i for call in calls for i in call])
         q_all = query[token_rows(batch, [i for call in calls for i in call])]
-        exact, same = self._reference(q_all, attended, layer)
-        empty = np.zeros((0, *query.shape[1:]))
+        empty = np.zeros((0, query.shape[1], c.geometry.value_dim))
         got = np.concatenate(actual) if actual else empty
-        return exact, same, got, paths
+        return q_all, attended, got, paths
 
     def _reference(self, query: F64, batch: BatchMetadata, layer: int) -> tuple[F64, F64]:
         """The float64 and same-precision references, by the oracle this step's size picks."""
         if batch.num_seqs == 0:
-            empty = np.zeros((0, *query.shape[1:]))
+            empty = np.zeros((0, query.shape[1], self.config.geometry.value_dim))
             return empty, empty
         c = self.config
         self._oracle_used = self.oracle.choose(step_cost(batch, c.num_heads), self.caps.device)
@@ -765,13 +864,20 @@ class Lockstep:
             dtype=c.dtype,
             quantized_kv=c.geometry.kv_dtype is not None,
             oracle=self._oracle_used,
+            products=self.caps.products,
+            kv_dtype=c.geometry.kv_dtype,
         )
 
     def _note_pairs(self, sub: BatchMetadata, variant: AttentionVariant, path: str | None) -> None:
         """The features of this call, with its path (:mod:`conformance.lockstep.pairs`)."""
         g = self.config.geometry
         features = call_features(
-            variant, g.kv_dtype, sub, grouped=g.num_groups > 1, large=self.base > 0
+            variant,
+            g.kv_dtype,
+            sub,
+            grouped=g.num_groups > 1,
+            large=self.base > 0,
+            latent=g.is_latent,
         )
         kind = call_path(sub, variant.window, self.coverage.split_keys)
         self.coverage.note_pairs(features, kind, path)
@@ -848,14 +954,17 @@ class Lockstep:
     def _shaped(self, what: str, got: object, blocks: int, layer: int) -> tuple[F64, F64]:
         """A read's K and V as float64, or a failure naming the shape it had."""
         g = self.backend_geometry
-        shape = (blocks, g.block_size, g.num_kv_heads, g.head_dim)
         pair = got if isinstance(got, tuple | list) and len(got) == 2 else (got, got)
         out = []
-        for name, x in zip("KV", pair, strict=True):
+        for name, width, x in zip(kv_parts(g), g.kv_widths, pair, strict=True):
             x = _f64(x)
+            shape = (blocks, g.block_size, g.num_kv_heads, width)
             if x.shape != shape:
                 self._fail(
-                    "shape", f"{what} {name} has shape {x.shape}, expected {shape}", layer=layer
+                    "shape",
+                    f"{what} {name} has shape {x.shape}, expected {shape}"
+                    + latent_part_note(g, name),
+                    layer=layer,
                 )
             out.append(x)
         return out[0], out[1]
@@ -905,14 +1014,19 @@ class Lockstep:
         call's new K and V (``arrays=``, ``key=``, ``value=``).
         """
         dc, scale = self._device, self.config.scale
+        g = self.config.geometry
+        shape = (*query.shape[:2], g.value_dim)  # latent: [T, H, latent_dim], not the query's
         if dc is None:
             got = self._call(
                 "attention", self.backend.attention, layer, _f32(query), batch, scale, **extra
             )
             out = _f64(got)
-            if out.shape != query.shape:
+            if out.shape != shape:
                 self._fail(
-                    "shape", f"attention returned shape {out.shape}, expected {query.shape}", layer
+                    "shape",
+                    f"attention returned shape {out.shape}, expected {shape}"
+                    + latent_output_note(g),
+                    layer,
                 )
             return out
         q = dc.activations(query)
@@ -926,18 +1040,20 @@ class Lockstep:
         )
         self._unchanged("attention", {"query": q, **handed}, layer)
         try:
-            return dc.output("attention", got, query.shape)
+            return dc.output("attention", got, shape)
         except ContractMismatch as err:
-            self._fail("shape", str(err), layer=layer)
+            self._fail("shape", f"{err}{latent_output_note(g)}", layer=layer)
 
     def _read_device(self, layer: int, ids: list[int]) -> tuple[F64, F64]:
         """Backend blocks ``ids`` through ``read_blocks``, checked, as float64 on the host."""
         assert self._device is not None and self._read_blocks is not None
         g = self.backend_geometry
         got = self._call("read_blocks", self._read_blocks, layer, ids)
-        shape = (len(ids), g.block_size, g.num_kv_heads, g.head_dim)
+        k, v = ((len(ids), g.block_size, g.num_kv_heads, w) for w in g.kv_widths)
         try:
-            return self._device.blocks(f"read_blocks({layer}, ...)", got, shape)
+            return self._device.blocks(
+                f"read_blocks({layer}, ...)", got, k, value_shape=v, names=kv_parts(g)
+            )
         except ContractMismatch as err:
             self._fail("shape", str(err), layer=layer)
 
@@ -995,11 +1111,14 @@ class Lockstep:
         refused access may be what made the backend raise.
         """
         fault: BackendFault | None = None
+        start = time.perf_counter()
         with self._watch(what, args) as seen:
             try:
                 result = self.guard.call(what, fn, *args, **kwargs)
             except BackendFault as err:
                 fault = err
+        spent = time.perf_counter() - start
+        self.call_seconds[what] = self.call_seconds.get(what, 0.0) + spent
         if seen is not None and seen.violations:
             self._fail("bounds", _bounds_detail(seen), layer=seen.layer)
         if fault is not None:
@@ -1021,7 +1140,9 @@ class Lockstep:
         return replace(diff, detail=f"{diff.detail} [layer {layer}: {kind}]")
 
     def _fail(self, what: str, detail: str, layer: int | None = None) -> NoReturn:
-        raise ConformanceFailure(Difference(what, self.step_index, detail, layer=layer), self.log)
+        raise ConformanceFailure(
+            Difference(what, self.step_index, detail, layer=layer), self.log, self.config
+        )
 
 
 _Call = list[int]
@@ -1034,8 +1155,14 @@ def _memory(g: KVGeometry, oracle: OracleChoice) -> KVMemory:
     cost the fast reference more than its arithmetic, at 64 x 2,048)."""
     dims = (g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
     if oracle.resident or held_lazily(*dims[1:]):
-        return ResidentKV(*dims, device=oracle.device, kv_dtype=g.kv_dtype, kv_scales=g.kv_scales)
-    return KVMemory(*dims, kv_dtype=g.kv_dtype, kv_scales=g.kv_scales)
+        return ResidentKV(
+            *dims,
+            device=oracle.device,
+            kv_dtype=g.kv_dtype,
+            kv_scales=g.kv_scales,
+            latent_dim=g.latent_dim,
+        )
+    return KVMemory(*dims, kv_dtype=g.kv_dtype, kv_scales=g.kv_scales, latent_dim=g.latent_dim)
 
 
 def _bounds_detail(seen: Watched) -> str:
@@ -1072,6 +1199,12 @@ def _first_touched(
         if table[j] in touched:
             return max(start, j * b)
     return num_tokens
+
+
+def _same(a: F64, b: F64) -> NDArray[np.bool_]:
+    """Elementwise equality in which NaN equals NaN."""
+    out: NDArray[np.bool_] = (a == b) | (np.isnan(a) & np.isnan(b))
+    return out
 
 
 def _f64(x: object) -> F64:

@@ -24,6 +24,14 @@ There are two envelopes, chosen by ``capabilities.device``:
   long prompts of 2048 to 32768 tokens, and production shapes of head dim
   128 with 32 query heads on 8 KV heads.
 
+Both draw the latent layout of multi-head latent attention (one row
+``[c_kv, k_rope]`` a token, :mod:`spec.kv_memory`) for a backend that declares
+it: ``latent_dim + rope_dim`` of 32 + 16 and 16 + 16 (a row of 48 or 32, as
+cheap to interpret as a small head dim: one KV head, every query head sharing
+its tile) under 1 to 16 query heads on the CPU, and on a device DeepSeek-V3's
+512 + 64 too, with up to 128 query heads and as a production shape (128 query
+heads, blocks of 64, as FlashMLA pages it).
+
 Each tuple is in shrinking order: its first value is where a failing example
 shrinks to (block size 4 rather than 1: the smallest block in which a
 partial block differs from a full one).
@@ -32,6 +40,8 @@ partial block differs from a full one).
 ((16, 24, 32), (64, 128, 256))
 >>> [s.describe() for s in envelope_for("cpu").production]
 ['head dim 128, 8/2 heads, block size 16', 'head dim 96, 6/2 heads, block size 48']
+>>> envelope_for("cpu").latent, envelope_for("cuda:0").production[-1].describe()
+(((32, 16), (16, 16)), 'latent 512+64, 128 query heads, block size 64')
 """
 
 from __future__ import annotations
@@ -46,6 +56,12 @@ BLOCK_SIZES = (4, 1, 3, 8, 16, 32, 48, 64)
 KV_HEADS = (1, 2, 3, 4, 5, 6, 7, 8)
 GQA_RATIOS = (1, 2, 3, 4, 5, 6, 7, 8)
 LAYERS = (1, 2, 3, 4)
+LATENT_LAYOUTS = ((32, 16), (16, 16), (512, 64))
+"""Latent layouts ``(latent_dim, rope_dim)``: small ones for shrinking (c_kv and k_rope of
+different widths first), then DeepSeek-V2/V3's."""
+LATENT_HEADS = (2, 1, 4, 8, 16, 32, 128)
+"""Query heads sharing a latent row: two first (one hides a row read per head), up to
+DeepSeek-V3's 128 (16 on each of 8 tensor-parallel ranks)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +72,16 @@ class Shape:
     num_kv_heads: int
     gqa_ratio: int
     block_size: int
+    latent_dim: int | None = None  # a latent layout: rows of head_dim, c_kv latent_dim wide
 
     def describe(self) -> str:
         heads = self.num_kv_heads * self.gqa_ratio
+        if self.latent_dim is not None:
+            rope = self.head_dim - self.latent_dim
+            return (
+                f"latent {self.latent_dim}+{rope}, {heads} query heads, "
+                f"block size {self.block_size}"
+            )
         return (
             f"head dim {self.head_dim}, {heads}/{self.num_kv_heads} heads, "
             f"block size {self.block_size}"
@@ -85,6 +108,8 @@ class Envelope:
     long_chunks: tuple[int, ...]  # prefill chunk sizes of a long prompt
     long_pool_tokens: int  # pool of a long-context example, in tokens
     production: tuple[Shape, ...]  # shapes run in full, one pass each
+    latent: tuple[tuple[int, int], ...] = ()  # latent layouts (latent_dim, rope_dim) drawn
+    latent_heads: tuple[int, ...] = (1,)  # query heads of a latent example
 
     def bound(self, kind: str) -> int | None:
         """The cost bound (KV heads x layers) of one kind of example, ``None`` for none."""
@@ -134,6 +159,8 @@ CPU = Envelope(
     long_chunks=(256, 128, 512, 1024),
     long_pool_tokens=LONG_CONTEXT_SLOTS,
     production=(Shape(128, 2, 4, 16), Shape(96, 2, 3, 48)),
+    latent=LATENT_LAYOUTS[:2],
+    latent_heads=LATENT_HEADS[:5],
 )
 
 DEVICE = Envelope(
@@ -152,7 +179,9 @@ DEVICE = Envelope(
     long_lengths=(2048, 32768, 16385, 8193, 4097),
     long_chunks=(2048, 1024, 4096, 8192),
     long_pool_tokens=65536 + 4096,
-    production=(Shape(128, 8, 4, 16), Shape(96, 8, 3, 48)),
+    production=(Shape(128, 8, 4, 16), Shape(96, 8, 3, 48), Shape(576, 1, 128, 64, 512)),
+    latent=LATENT_LAYOUTS,
+    latent_heads=LATENT_HEADS,
 )
 
 

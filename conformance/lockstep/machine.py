@@ -97,6 +97,10 @@ class RunStats:
     coverage: Coverage = field(default_factory=Coverage)
     margins: Margins = field(default_factory=Margins)  # how close the outputs came to failing
     longest: int = 0  # the most tokens any sequence held when a step ran
+    specialisations: set[str] = field(default_factory=set)  # compiled kernels' keys launched
+    call_seconds: dict[str, float] = field(default_factory=dict)  # backend time, by call
+    compiles: int = 0  # Triton kernels compiled during the run (compiled Triton only)
+    compile_seconds: float = 0.0  # their compile (or disk-cache load) time, within call_seconds
     first_failure_example: int | None = None  # examples run when the first failure appeared
 
     def note_failure(self) -> None:
@@ -121,6 +125,11 @@ class RunStats:
         self.coverage.add(other.coverage)
         self.margins.add(other.margins)
         self.longest = max(self.longest, other.longest)
+        self.specialisations |= other.specialisations
+        for call, seconds in other.call_seconds.items():
+            self.call_seconds[call] = self.call_seconds.get(call, 0.0) + seconds
+        self.compiles += other.compiles
+        self.compile_seconds += other.compile_seconds
 
 
 def _tokens(seed: int, length: int, offset: int = 0) -> list[int]:
@@ -192,7 +201,6 @@ class LockstepMachine(RuleBasedStateMachine):
         self.parent_of: dict[int, int] = {}  # forks: child -> parent
         self.next_id = 0
         self.long_prompts = 0
-        stats.examples += 1
 
     @property
     def ls(self) -> Lockstep | SpecSide:
@@ -217,6 +225,7 @@ class LockstepMachine(RuleBasedStateMachine):
             wanted, why = planned_pairs(self.plan.capabilities, self.plan.envelope.device)
             self.stats.coverage.plan_pairs(wanted, why, split_keys(self.plan.envelope.device))
         config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
+        self.stats.examples += 1  # one the backend can run (a draw its limits rule out is not)
         self.stats.configs[_shape(config, self.plan.kind)] += 1
         self.stats.drawn.update(drawn_names(config))
         if self.draw_only:
@@ -246,6 +255,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 margins=self.stats.margins,
                 bounds=self.bounds,
                 oracle=self.oracle,
+                call_seconds=self.stats.call_seconds,
             )
         except ConformanceFailure as failure:
             self._found(failure)
@@ -809,11 +819,13 @@ class LockstepMachine(RuleBasedStateMachine):
 
 
 def drawn_names(config: WorkloadConfig) -> set[str]:
-    """What an example drew, as the report counts it: its dtype, KV dtype and layers' variants
-    (combined ones by their names joined in alphabetical order, "alibi+sinks" say, as
-    :mod:`conformance.lockstep.pairs` names them)."""
+    """What an example drew, as the report counts it: its dtype, KV dtype, latent layout and
+    layers' variants (combined ones by their names joined in alphabetical order,
+    "alibi+sinks" say, as :mod:`conformance.lockstep.pairs` names them)."""
     g = config.geometry
     names = {g.dtype, g.kv_dtype or f"KV {g.dtype}"}
+    if g.is_latent:
+        names.add(f"latent {g.latent_dim}+{g.rope_dim}")
     for layer in range(g.num_layers):
         features = sorted(config.variant(layer).features)
         names.update(features)
@@ -825,7 +837,8 @@ def drawn_names(config: WorkloadConfig) -> set[str]:
 def _shape(config: WorkloadConfig, kind: str) -> str:
     g = config.geometry
     extra = {"short": "", "long": " long-context", "groups": ""}.get(kind, f" {kind}")
-    shape = f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} D={g.head_dim}"
+    width = f"latent {g.latent_dim}+{g.rope_dim}" if g.is_latent else f"D={g.head_dim}"
+    shape = f"{g.dtype} B={g.block_size} H={config.num_heads}/{g.num_kv_heads} {width}"
     return shape + label(config) + group_label(config) + extra  # fp8, variants, groups
 
 

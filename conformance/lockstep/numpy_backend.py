@@ -12,14 +12,30 @@ H_kv * D + ...``), as a kernel addresses it, in int64: a pool past 2^31
 elements is allocated lazily (``np.zeros`` maps pages on first touch) and
 read back by :meth:`NumpyPagedBackend.read_blocks`.
 
+A latent geometry (multi-head latent attention) is one cache of rows
+``[c_kv, k_rope]`` a layer, addressed the same way (one KV head, ``D =
+latent_dim + rope_dim``): the parts of it a latent planted bug breaks are the
+row a write stores (:meth:`NumpyPagedBackend._latent_row`), the key and value
+attention reads of it (:meth:`NumpyPagedBackend._latent_kv`) and where a head
+reads its rows (:meth:`NumpyPagedBackend._read`). ``NumpyPagedBackend(latent=None)``
+declares the layout (the base of the latent bugs); by default it declares
+none, so that the examples drawn for the bugs of ordinary attention are
+drawn as they always were.
+
 >>> from spec.backend import Backend
 >>> isinstance(NumpyPagedBackend(), Backend)
 True
+>>> mla = NumpyPagedBackend(latent=None)
+>>> mla.create_cache(KVGeometry(1, 2, 2, num_kv_heads=1, head_dim=3, latent_dim=2))
+>>> mla.write_kv(0, np.array([[[1.0, 2.0]]]), np.array([[[9.0]]]), slot_mapping=[1])
+>>> [x[0, 1, 0].tolist() for x in mla.read_cache(0)]
+[[1.0, 2.0], [9.0]]
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,7 +59,10 @@ class NumpyPagedBackend:
 
     name = "numpy"
 
-    def __init__(self) -> None:
+    def __init__(self, latent: AbstractSet[tuple[int, int]] | None = frozenset()) -> None:
+        """``latent``: the latent layouts it declares (:attr:`Capabilities.latent`; ``None``:
+        any). Every geometry runs either way; the declaration decides what the suite draws."""
+        self.latent = latent
         self._geometry: KVGeometry | None = None
         self._k: list[NDArray[np.floating]] = []
         self._v: list[NDArray[np.floating]] = []
@@ -56,6 +75,7 @@ class NumpyPagedBackend:
             kv_dtypes=frozenset(KV_DTYPES),
             kv_groups=True,
             variants=frozenset(VARIANTS),
+            latent=self.latent,
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
@@ -64,7 +84,8 @@ class NumpyPagedBackend:
         shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
         self._geometry = g
         self._k = [np.zeros(shape, dtype=storage) for _ in range(g.num_layers)]
-        self._v = [np.zeros(shape, dtype=storage) for _ in range(g.num_layers)]
+        # a latent layer's one cache of rows is K and V at once
+        self._v = self._k if g.is_latent else [np.zeros(shape, storage) for _ in self._k]
 
     def write_kv(
         self, layer: int, key: FloatArray, value: FloatArray, slot_mapping: Sequence[int]
@@ -75,6 +96,10 @@ class NumpyPagedBackend:
         keep = self._written(slots)
         row = g.num_kv_heads * g.head_dim
         index = self._slot_offsets(slots[keep])[:, None] + np.arange(row)
+        if g.is_latent:  # one row [c_kv, k_rope] a token, with the one scale
+            rows = self._latent_row(np.asarray(key)[:n][keep], np.asarray(value)[:n][keep])
+            self._k[layer].reshape(-1)[index] = self._store(rows, layer, 0).reshape(-1, row)
+            return
         for which, (cache, rows) in enumerate(((self._k[layer], key), (self._v[layer], value))):
             values = self._store(np.asarray(rows)[:n][keep], layer, which)
             cache.reshape(-1)[index] = values.reshape(-1, row)
@@ -96,9 +121,9 @@ class NumpyPagedBackend:
         g = self._geo()
         variant = PLAIN if variant is None else variant
         q = np.asarray(query, dtype=np.float32)
-        out = np.zeros((batch.num_tokens, q.shape[1], g.head_dim), dtype=np.float32)
+        parts = [np.zeros((0, q.shape[1], g.value_dim), dtype=np.float32)]
         group = self._table_group(layer)
-        for i in range(batch.num_seqs):
+        for i in range(batch.num_seqs):  # the sequences' rows, in order: every token's
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
             positions = self._query_positions(batch.seq_lens[i], end - start)
             first = variant.first_visible(int(positions[0])) if positions.size else 0
@@ -106,20 +131,43 @@ class NumpyPagedBackend:
             visible = self._visible(positions, k.shape[0], batch.seq_lens[i])
             if variant.window is not None:
                 visible &= self._in_window(positions, k.shape[0], variant.window)
-            out[start:end] = self._attend(q[start:end], k, v, visible, scale, positions, variant)
+            parts.append(self._attend(q[start:end], k, v, visible, scale, positions, variant))
+        out = np.concatenate(parts[1:] or parts)  # as wide as V is read (latent: c_kv)
         return self._round_output(out)
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
         self._geo()
-        return self._k[layer].astype(np.float32), self._v[layer].astype(np.float32)
+        return self._parts(self._k[layer], self._v[layer])
 
     def read_blocks(self, layer: int, blocks: Sequence[int]) -> tuple[FloatArray, FloatArray]:
         """K and V of just ``blocks``: ``[len(blocks), B, H_kv, D]`` each (no whole-pool copy)."""
         self._geo()
         ids = np.asarray(blocks, dtype=np.int64)
-        return self._k[layer][ids].astype(np.float32), self._v[layer][ids].astype(np.float32)
+        return self._parts(self._k[layer][ids], self._v[layer][ids])
+
+    def _parts(
+        self, k: NDArray[np.floating], v: NDArray[np.floating]
+    ) -> tuple[FloatArray, FloatArray]:
+        """What a read returns of these K and V: themselves, or a latent row's c_kv and
+        k_rope, as float32 copies."""
+        latent = self._geo().latent_dim
+        if latent is None:
+            return k.astype(np.float32), v.astype(np.float32)
+        return k[..., :latent].astype(np.float32), k[..., latent:].astype(np.float32)
 
     # -- the replaceable parts ----------------------------------------------------
+
+    def _latent_row(self, c_kv: NDArray[np.floating], k_rope: NDArray[np.floating]) -> F32:
+        """The row a latent write stores: ``[c_kv, k_rope]``, c_kv first."""
+        out: F32 = np.concatenate([c_kv, k_rope], axis=-1).astype(np.float32)
+        return out
+
+    def _latent_kv(self, rows: F32) -> tuple[F32, F32]:
+        """What attention reads of latent rows: the whole row as the key, its first
+        ``latent_dim`` columns (c_kv) as the value (:func:`spec.attention.latent_kv`)."""
+        latent = self._geo().latent_dim
+        assert latent is not None
+        return rows, rows[..., :latent]
 
     def _store(self, rows: NDArray[np.floating], layer: int, which: int) -> NDArray[np.floating]:
         """What the cache holds for new rows: the values, or their fp8 quantization."""
@@ -216,15 +264,28 @@ class NumpyPagedBackend:
         entry, offset = self._split_position(np.arange(n, dtype=np.int64)[read])
         row = g.num_kv_heads * g.head_dim
         start = self._block_offsets(blocks[entry]) + offset * row
-        index = start[:, None] + np.arange(row)
-        shape = (n, g.num_kv_heads, g.head_dim)
-        k, v = np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
-        k[read] = self._k[layer].reshape(-1)[index].reshape(-1, *shape[1:])
-        v[read] = self._v[layer].reshape(-1)[index].reshape(-1, *shape[1:])
-        if self._geo().kv_dtype is not None:
+        k = self._read(self._k[layer], start, n, read)
+        if g.is_latent:  # one read of the rows serves the key and the value
+            if g.kv_dtype is not None:
+                k = self._dequantize(k, self._kv_scale(layer, 0))
+            return self._latent_kv(k)
+        v = self._read(self._v[layer], start, n, read)
+        if g.kv_dtype is not None:
             k = self._dequantize(k, self._kv_scale(layer, 0))
             v = self._dequantize(v, self._kv_scale(layer, 1))
         return k, v
+
+    def _read(
+        self, cache: NDArray[np.floating], start: Ints, n: int, read: NDArray[np.bool_]
+    ) -> F32:
+        """``n`` rows ``[n, H_kv, D]`` of ``cache``: those in ``read`` from element offsets
+        ``start``, zeros elsewhere."""
+        g = self._geo()
+        shape = (n, g.num_kv_heads, g.head_dim)
+        out = np.zeros(shape, dtype=np.float32)
+        index = start[:, None] + np.arange(g.num_kv_heads * g.head_dim)
+        out[read] = cache.reshape(-1)[index].reshape(-1, *shape[1:])
+        return out
 
     def _query_positions(self, seq_len: int, query_len: int) -> Ints:
         """New tokens are the last ``query_len`` positions of the sequence."""
@@ -302,11 +363,10 @@ class NumpyPagedBackend:
         positions: Ints,
         variant: AttentionVariant,
     ) -> F32:
-        g = self._geo()
         num_heads = q.shape[1]
-        out = np.zeros_like(q)
+        out = np.zeros((*q.shape[:2], v.shape[2]), dtype=np.float32)  # latent: c_kv wide
         for h in range(num_heads):
-            kv = self._kv_head(h, num_heads, g.num_kv_heads)
+            kv = self._kv_head(h, num_heads, k.shape[1])
             scores = self._scores(q[:, h], k[:, kv], scale, variant.softcap)
             if variant.alibi_slopes is not None:
                 scores = self._alibi(scores, positions, variant.alibi_slopes[h])

@@ -23,6 +23,14 @@ Triton kernel splits; 1024 on a device) is a split-KV decode.
 >>> _, why = planned_pairs(Capabilities("x", kv_groups=True, mixed_batches=False), "cpu")
 >>> why[("KV cache groups", "mixed")]
 'mixed_batches is False (decodes and chunks run as separate calls)'
+
+The latent layout (multi-head latent attention) is a feature of its own when
+declared: its rows on every path, in an fp8 cache too, and a chunk after
+cached latent rows (the latent feature passes open with all of them):
+
+>>> wanted, _ = planned_pairs(Capabilities("x", kv_dtypes={"fp8_e4m3"}, latent=None), "cpu")
+>>> sorted({f for f, _ in wanted if "latent" in f})
+['fp8+latent', 'latent', 'latent+cached context']
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ CACHED = "cached context"
 """A prefill chunk after tokens already in the cache (an earlier chunk or a prefix hit)."""
 LARGE = "large pool"
 GROUPS = "KV cache groups"
+LATENT = "latent"
+"""The latent layout: one row ``[c_kv, k_rope]`` a token, shared by every query head."""
 
 Pair = tuple[str, str]
 
@@ -71,6 +81,7 @@ def call_features(
     *,
     grouped: bool,
     large: bool,
+    latent: bool = False,
 ) -> set[str]:
     """The features one layer's attention call combines (:func:`feature_names` names them)."""
     names = set(variant.features)
@@ -85,10 +96,13 @@ def call_features(
     )
     if large:
         names.add(LARGE)
+    if latent:
+        names.add(LATENT)
+        if kv_dtype is not None:
+            names.add(f"fp8+{LATENT}")
     if cached:
         names.add(CACHED)
-        if large:
-            names.add(f"{LARGE}+{CACHED}")
+        names |= {f"{f}+{CACHED}" for f, on in ((LARGE, large), (LATENT, latent)) if on}
     return names
 
 
@@ -102,7 +116,14 @@ def feature_names(caps: Capabilities) -> list[str]:
         names += [f"fp8+{v}" for v in sorted(variants)]
     if caps.kv_groups:
         names.append(GROUPS)
+    if latent_declared(caps):
+        names += [LATENT, f"fp8+{LATENT}"] if caps.kv_dtypes else [LATENT]
     return [*names, LARGE]
+
+
+def latent_declared(caps: Capabilities) -> bool:
+    """Whether ``caps`` declares the latent layout (``None``: any; a non-empty set)."""
+    return caps.latent is None or bool(caps.latent)
 
 
 def planned_pairs(caps: Capabilities, device: str) -> tuple[list[Pair], dict[Pair, str]]:
@@ -114,6 +135,8 @@ def planned_pairs(caps: Capabilities, device: str) -> tuple[list[Pair], dict[Pai
     """
     wanted = [(f, p) for f in feature_names(caps) for p in PATHS]
     wanted += [(CACHED, PATHS[2]), (CACHED, PATHS[3]), (f"{LARGE}+{CACHED}", PATHS[2])]
+    if latent_declared(caps):
+        wanted += [(f"{LATENT}+{CACHED}", PATHS[2]), (f"{LATENT}+{CACHED}", PATHS[3])]
     split = split_keys(device)
     why: dict[Pair, str] = {}
     for feature, path in wanted:

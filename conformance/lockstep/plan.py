@@ -23,6 +23,7 @@ dtype bfloat16: not in the backend capabilities
 head dims 8, 16, 32, 80, 96, 112, 256 of the envelope: not declared by the backend
 fork and copy-on-write rules: capabilities.copy_on_write is False
 KV cache groups (a block table per group of layers): capabilities.kv_groups is False
+latent layouts (multi-head latent attention): capabilities.latent is empty
 
 The suite runs in passes (:data:`PASSES`), each a plan of its own kind:
 
@@ -30,6 +31,19 @@ The suite runs in passes (:data:`PASSES`), each a plan of its own kind:
 ['short', 'wide', 'long', 'large pool', 'production', 'production', 'feature']
 >>> plan_for(Capabilities("z", kv_groups=True)).passes()[-1].kind
 'groups'
+
+A backend that declares the latent layout (:attr:`Capabilities.latent
+<spec.capabilities.Capabilities>`, ``None`` for any) has latent geometries drawn
+among the others (one example in :data:`LATENT_ONE_IN` of the short, wide,
+long and large-pool passes) and a feature pass of its own that opens with
+every kernel path (and, when it declares an fp8 KV dtype, another with an fp8
+latent cache):
+
+>>> mla = plan_for(Capabilities("m", kv_dtypes={"fp8_e4m3"}, latent={(32, 16), (512, 64)}))
+>>> mla.latent, [p.feature for p in mla.passes() if p.kind == "feature"]
+(((32, 16), (512, 64)), ['fp8_e4m3', 'latent', 'latent fp8'])
+>>> plan_for(Capabilities("n")).latent, plan_for(Capabilities("n")).skipped[-1]
+((), 'latent layouts (multi-head latent attention): capabilities.latent is empty')
 """
 
 from __future__ import annotations
@@ -53,7 +67,7 @@ from conformance.lockstep.groups import (
 )
 from conformance.lockstep.pairs import split_keys
 from conformance.lockstep.variants import (
-    feature_variant,
+    feature_variants,
     fp8_layer_scales,
     kv_quantization,
     layer_variants,
@@ -63,9 +77,13 @@ from conformance.lockstep.workload import (
     WorkloadConfig,
     geometry_for,
     large_pool_base,
+    latent_geometry,
+    latent_scale,
+    nope_dims,
     pool_blocks,
     scale_for,
 )
+from spec.attention import AttentionVariant
 from spec.block_manager import cdiv
 from spec.capabilities import Capabilities
 from spec.kv_geometry import DTYPES, KVGeometry
@@ -82,6 +100,13 @@ _WIDE_TOKENS = 24
 MAX_DRAFT = 4
 """Draft tokens per speculative row at most (the step's row then holds 1 + 4 tokens)."""
 """Tokens a wide example's sequence may grow by after its prompt (decodes)."""
+LATENT = "latent"
+LATENT_FP8 = "latent fp8"
+"""The feature passes of the latent layout: its rows unquantized, and in an fp8 cache."""
+LATENT_ONE_IN = 6
+"""Of the short, wide, long and large-pool examples, about one in this many is latent."""
+LATENT_KINDS = ("short", "wide", "long", "large pool")
+"""The passes that draw latent geometries among the others."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +123,8 @@ class Plan:
     copy_on_write: bool
     prefix_caching: bool
     skipped: tuple[str, ...]
+    latent: tuple[tuple[int, int], ...] = ()  # latent layouts (latent_dim, rope_dim) to draw
+    latent_only: bool = False  # the backend vetoes per-head K and V: every example is latent
     notes: tuple[str, ...] = ()
     kind: str = "short"
     shape: Shape | None = None  # the production pass's one shape
@@ -150,12 +177,61 @@ class Plan:
         plans += [replace(self, kind="production", shape=s) for s in self._shapes()]
         caps = self.capabilities
         features = [*sorted(caps.variants), *sorted(caps.kv_dtypes)]
+        if self.latent:
+            features += [LATENT, LATENT_FP8] if caps.kv_dtypes else [LATENT]
         plans += [replace(self, kind="feature", feature=f) for f in features]
         return plans + ([replace(self, kind="groups")] if caps.kv_groups else [])
 
+    def vetoed(self) -> str | None:
+        """Why a feature pass cannot draw at all: its feature, however little is paired with
+        it, is vetoed on every shape (``None`` for the other passes, and when it can draw)."""
+        f, caps = self.feature, self.capabilities
+        if f is None or caps.excludes is None:
+            return None
+        if f in (LATENT, LATENT_FP8):
+            kv_dtypes = sorted(caps.kv_dtypes) if f == LATENT_FP8 else [None]
+            if any(self._runs_latent(layout, kv) for layout in self.latent for kv in kv_dtypes):
+                return None
+            return f"the backend's excludes vetoes the {f} layouts on every shape"
+        least = feature_variants(caps, f, 4, 1.0, split_keys(self.envelope.device))[-1]
+        kv = f if f in caps.kv_dtypes else None
+        if self.latent_only:
+            if any(self._runs_latent(layout, kv, least) for layout in self.latent):
+                return None
+            return f"the backend's excludes vetoes {f} on every latent layout"
+        for dtype, d, b, h_kv, r in itertools.product(
+            self.dtypes, self.head_dims, self.block_sizes, self.kv_heads, self.gqa_ratios
+        ):
+            g = KVGeometry(1, 4, b, h_kv, d, dtype)
+            if kv is not None:
+                g = replace(g, kv_dtype=kv, kv_scales=((1.0, 1.0),))
+            if not caps.unsupported(g, h_kv * r, _heads(least, h_kv * r)):
+                return None
+        return f"the backend's excludes vetoes {f} on every shape"
+
+    def _runs_latent(
+        self,
+        layout: tuple[int, int],
+        kv_dtype: str | None,
+        variant: AttentionVariant | None = None,
+    ) -> bool:
+        """Some drawn dtype and block size runs this latent layout (with ``variant``, when
+        given): ``excludes`` may veto it."""
+        heads = self.envelope.latent_heads[0]
+        v = None if variant is None else _heads(variant, heads)
+        for dtype, b in itertools.product(self.dtypes, self.block_sizes):
+            g = latent_geometry(b, *layout, dtype, 1)
+            if kv_dtype is not None:
+                g = replace(g, kv_dtype=kv_dtype, kv_scales=((1.0, 1.0),))
+            if not self.capabilities.unsupported(g, heads, v):
+                return True
+        return False
+
     def _has_feature(self, config: WorkloadConfig) -> bool:
         """A feature pass's example uses its feature (some layer's variant, or the KV dtype)."""
-        f = self.feature
+        f, g = self.feature, config.geometry
+        if f in (LATENT, LATENT_FP8):
+            return g.is_latent and (f == LATENT) == (g.kv_dtype is None)
         if f is None or f == config.geometry.kv_dtype:
             return True
         return any(f in config.variant(i).features for i in range(config.geometry.num_layers))
@@ -166,9 +242,15 @@ class Plan:
         return not any(caps.unsupported(g, config.num_heads, config.variant(i)) for i in layers)
 
     def _shapes(self) -> list[Shape]:
-        """The envelope's production shapes, each value moved to the nearest one the plan draws."""
+        """The envelope's production shapes, each value moved to the nearest one the plan draws
+        (a latent shape to the nearest latent layout; none when the plan draws none)."""
         shapes = []
         for s in self.envelope.production:
+            if s.latent_dim is not None:
+                latent = self._latent_shape(s)
+                if latent is not None and latent not in shapes:
+                    shapes.append(latent)
+                continue
             snapped = Shape(
                 _nearest(s.head_dim, self.head_dims),
                 _nearest(s.num_kv_heads, self.kv_heads),
@@ -178,6 +260,21 @@ class Plan:
             if snapped not in shapes and self._runs(snapped):
                 shapes.append(snapped)
         return shapes
+
+    def _latent_shape(self, s: Shape) -> Shape | None:
+        """A latent production shape, its layout moved to the nearest the plan draws."""
+        if not self.latent:
+            return None
+        assert s.latent_dim is not None
+        want = (s.latent_dim, s.head_dim - s.latent_dim)
+        layout = min(self.latent, key=lambda x: (abs(sum(x) - sum(want)), x))
+        block = _nearest(s.block_size, self.block_sizes)
+        if not any(
+            not self.capabilities.unsupported(latent_geometry(block, *layout, d, 1), s.gqa_ratio)
+            for d in self.dtypes
+        ):
+            return None
+        return Shape(sum(layout), 1, s.gqa_ratio, block, layout[0])
 
     def _runs(self, s: Shape) -> bool:
         """Some drawn dtype runs this shape (``excludes`` may veto it)."""
@@ -199,7 +296,13 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     """One workload's shape, dtype, options, and each layer's attention variant."""
     env = plan.envelope
     grouped = plan.kind == "groups"
-    if plan.shape is not None:
+    latent = _latent_layout(draw, plan)
+    if latent is not None:  # one KV head shared by every query head: drawn apart
+        block_size, kv = draw(st.sampled_from(plan.block_sizes)), 1
+        ratio, head_dim = draw(st.sampled_from(env.latent_heads)), sum(latent)
+        if plan.shape is not None:
+            block_size, ratio = plan.shape.block_size, plan.shape.gqa_ratio
+    elif plan.shape is not None:
         s = plan.shape
         block_size, kv, ratio, head_dim = s.block_size, s.num_kv_heads, s.gqa_ratio, s.head_dim
     else:
@@ -213,20 +316,30 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     layer_counts = group_layer_counts(env, kv) if grouped else env.layers_for(plan.kind, kv)
     layers = draw(st.sampled_from(layer_counts))
     geometry, num_heads = geometry_for(block_size, kv, ratio, head_dim, dtype, layers)
+    if latent is not None:
+        geometry = latent_geometry(block_size, *latent, dtype, layers)
     geometry = replace(geometry, num_blocks=_pool_blocks(plan, block_size))
     layout = draw(group_layouts(plan.capabilities, layers, block_size)) if grouped else None
     large_logits = draw(st.sampled_from((True, False)))  # large logits first: drawn more often
     prefix_caching = draw(st.booleans()) if plan.prefix_caching else False
-    kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers))
+    kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers, latent is not None))
     spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
     variants = draw(layer_variants(plan.capabilities, layers, num_heads, plan.long_context, spread))
-    if plan.feature is not None:  # the feature, on the first layer, at every kernel path
-        first = feature_variant(
+    if plan.feature in (LATENT, LATENT_FP8):  # the latent pass's cache: unquantized, or fp8
+        kv_dtype, kv_scales = None, ()
+        if plan.feature == LATENT_FP8:
+            kv_dtype = draw(st.sampled_from(sorted(plan.capabilities.kv_dtypes)))
+            kv_scales = draw(fp8_layer_scales(kv_dtype, layers, latent=True))
+    elif plan.feature is not None:  # the feature, on the first layer, at every kernel path
+        if plan.feature in plan.capabilities.kv_dtypes:
+            scales = fp8_layer_scales(plan.feature, layers, latent=latent is not None)
+            kv_dtype, kv_scales = plan.feature, draw(scales)
+        wanted = feature_variants(
             plan.capabilities, plan.feature, num_heads, spread, split_keys(env.device)
         )
-        variants = (first, *variants[1:])
-        if plan.feature in plan.capabilities.kv_dtypes:
-            kv_dtype, kv_scales = plan.feature, draw(fp8_layer_scales(plan.feature, layers))
+        quantized = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
+        runs = [v for v in wanted if not plan.capabilities.unsupported(quantized, num_heads, v)]
+        variants = ((runs or wanted)[0], *variants[1:])  # its pairing, unless the backend vetoes
     if plan.kind in OPENS_WITH_PAIRS and plan.prefix_caching:
         prefix_caching = True  # the opening's prefix hit
     geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
@@ -237,10 +350,14 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     if layout is not None:
         geometry = replace(geometry, layer_groups=layout.layer_groups)
         variants, windows = layout.variants(variants), layout.windows
+    if latent is None:
+        scale = scale_for(geometry.head_dim, large_logits)
+    else:  # the model's, from its drawn per-head width: never the row's
+        scale = latent_scale(draw(st.sampled_from(nope_dims(*latent))), latent[1], large_logits)
     return WorkloadConfig(
         geometry,
         num_heads,
-        scale_for(geometry.head_dim, large_logits),
+        scale,
         draw(st.integers(0, 2**32 - 1)),
         prefix_caching,
         plan.long_context,
@@ -249,6 +366,28 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
         group_windows=windows,
         poison=poison,
     )
+
+
+def _latent_layout(draw: st.DrawFn, plan: Plan) -> tuple[int, int] | None:
+    """The example's latent layout ``(latent_dim, rope_dim)``, or ``None`` for per-head K and V.
+
+    The latent passes and a latent production shape always draw one; the
+    short, wide, long and large-pool passes one example in :data:`LATENT_ONE_IN`
+    (shrinking towards per-head K and V); the others never; every pass of a
+    latent-only backend always. Nothing is drawn for a plan without latent
+    layouts, so such a backend's examples are drawn as before.
+    """
+    if not plan.latent:
+        return None
+    s = plan.shape
+    if s is not None:
+        return None if s.latent_dim is None else (s.latent_dim, s.head_dim - s.latent_dim)
+    if plan.feature not in (LATENT, LATENT_FP8) and not plan.latent_only:
+        if plan.kind not in LATENT_KINDS:
+            return None
+        if draw(st.integers(0, LATENT_ONE_IN - 1)) != LATENT_ONE_IN - 1:
+            return None
+    return draw(st.sampled_from(plan.latent))
 
 
 _POISON_DRAWS = (None, "NaN", "+inf", None, "-inf")
@@ -327,8 +466,44 @@ def plan_for(
             "speculative rules (draft, verify, roll back): capabilities.speculative, "
             "chunked_prefill or max_query_len >= 2 missing"
         )
-    skipped += _excluded(plan)
+    plan = replace(plan, latent=_latent_layouts(plan, skipped, notes))
+    excluded, every = _excluded(plan)
+    skipped += excluded
+    if every:  # a latent-only backend (an MLA kernel): every example draws a latent layout
+        plan = replace(plan, latent_only=True)
+    else:
+        skipped += _excluded_pairings(plan)
     return replace(plan, skipped=tuple(skipped), notes=tuple(notes))
+
+
+def _latent_layouts(
+    plan: Plan, skipped: list[str], notes: list[str]
+) -> tuple[tuple[int, int], ...]:
+    """The latent layouts to draw: the envelope's when ``capabilities.latent`` is ``None``, the
+    declared ones (exactly, when few), none when it is empty; each that ``excludes`` vetoes
+    on every dtype and block size left out, with why."""
+    caps, env = plan.capabilities, plan.envelope
+    if caps.latent is not None and not caps.latent:
+        skipped.append("latent layouts (multi-head latent attention): capabilities.latent is empty")
+        return ()
+    if caps.latent is None:
+        chosen = env.latent
+    elif len(caps.latent) <= EXACT_SET_MAX:
+        chosen = tuple(sorted(caps.latent))
+        notes.append(f"latent layouts: drawn exactly as declared: {_layouts(chosen)}")
+    else:
+        chosen = tuple(x for x in env.latent if x in caps.latent) or tuple(sorted(caps.latent))[:4]
+    kept = tuple(x for x in chosen if plan._runs_latent(x, None))
+    for x in chosen:
+        if x not in kept:
+            g = latent_geometry(plan.block_sizes[0], *x, plan.dtypes[0], 1)
+            why = "; ".join(caps.unsupported(g, env.latent_heads[0]))
+            skipped.append(f"latent layout {_layouts((x,))}: excluded by the backend ({why})")
+    return kept
+
+
+def _layouts(layouts: Iterable[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}+{b}" for a, b in layouts)
 
 
 def _dtypes(
@@ -445,11 +620,46 @@ def _query_skips(caps: Capabilities, env: Envelope) -> list[str]:
     return out
 
 
-def _excluded(plan: Plan) -> list[str]:
-    """The shapes ``capabilities.excludes`` vetoes, by reason; an error if it vetoes them all."""
+def _excluded_pairings(plan: Plan) -> list[str]:
+    """The feature passes' pairings (ALiBi with sinks, ...) the backend's ``excludes`` vetoes
+    on every shape: those passes draw their feature without them."""
     caps = plan.capabilities
     if caps.excludes is None:
         return []
+    out = []
+    for feature in sorted(caps.variants):
+        paired, *fewer = feature_variants(caps, feature, 4, 1.0, split_keys(plan.envelope.device))
+        if not fewer:
+            continue
+        shapes = [
+            (KVGeometry(1, 4, b, kv, d, dtype), kv * r)
+            for dtype, d, b, kv, r in itertools.product(
+                plan.dtypes, plan.head_dims, plan.block_sizes, plan.kv_heads, plan.gqa_ratios
+            )
+        ]
+        vetoes = [caps.unsupported(g, h, _heads(paired, h)) for g, h in shapes]
+        if all(vetoes):
+            pairing = "+".join(sorted(paired.features))
+            out.append(
+                f"attention variant {pairing}: excluded by the backend ({vetoes[0][0]}); the "
+                f"{feature} feature pass draws {feature} without it"
+            )
+    return out
+
+
+def _heads(v: AttentionVariant, num_heads: int) -> AttentionVariant:
+    """``v`` with its per-head values (sinks, slopes) for ``num_heads`` heads."""
+    sinks = None if v.sinks is None else v.sinks[:1] * num_heads
+    slopes = None if v.alibi_slopes is None else v.alibi_slopes[:1] * num_heads
+    return replace(v, sinks=sinks, alibi_slopes=slopes)
+
+
+def _excluded(plan: Plan) -> tuple[list[str], bool]:
+    """The shapes ``capabilities.excludes`` vetoes, by reason, and whether it vetoes them all:
+    an error, unless the plan draws latent layouts (then they are all it draws)."""
+    caps = plan.capabilities
+    if caps.excludes is None:
+        return [], False
     reasons: Counter[str] = Counter()
     total = 0
     for dtype, d, b, kv, r in itertools.product(
@@ -459,6 +669,13 @@ def _excluded(plan: Plan) -> list[str]:
         why = caps.unsupported(KVGeometry(1, 4, b, kv, d, dtype), kv * r)
         if why:
             reasons["; ".join(why)] += 1
+    if sum(reasons.values()) == total and plan.latent:
+        first = next(iter(reasons))
+        layouts = _layouts(plan.latent)
+        return [
+            f"per-head K and V: excluded by the backend on every shape ({first}); every "
+            f"example draws a latent layout ({layouts})"
+        ], True
     if sum(reasons.values()) == total:
         first = next(iter(reasons))
         raise SetupError(
@@ -470,4 +687,4 @@ def _excluded(plan: Plan) -> list[str]:
     return [
         f"excluded by the backend: {why} ({n} of {total} shape combinations)"
         for why, n in sorted(reasons.items())
-    ]
+    ], False

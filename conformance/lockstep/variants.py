@@ -24,14 +24,18 @@ standard deviation of the scaled scores ``scale * q . k``, 1 or 16 in the suite)
 A quantized cache (``kv_dtype``) gets per-layer scales, different for K and V
 (a kernel that swaps or shares them shows), at which unit-variance K and V
 saturate beyond about 0.77, 1.5 or 3. Each is ``7/8`` times a power of two,
-not a power of two: a kernel that quantizes by multiplying with the
-reciprocal of the scale, rather than dividing by it, rounds some quotients
-differently, and the workload's K and V include values whose exact quotient
-is an fp8 rounding tie (:func:`~conformance.lockstep.workload.tie_values`), where it does. Every
+not a power of two, and the workload's K and V include values whose exact
+quotient is an fp8 rounding tie (:func:`~conformance.lockstep.workload.tie_values`):
+there a compiled kernel's division (or a multiply by the reciprocal) may
+round either way, which the spec allows (:func:`spec.quant.quantize_range`)
+and the report counts, while a quantizer that truncates still fails. Every
 dequantized value (an fp8 value of at most 4 significant bits times 7) still
 has at most 7 significant bits, exact in every activation dtype, so a kernel
 may dequantize into float16 or bfloat16 without rounding and the output
 tolerance stays the dtype's own.
+
+A latent cache (one row ``[c_kv, k_rope]`` a token) has one scale for its
+whole row, so its layers' pairs hold two equal scales (``latent=True``).
 
 About half the layers are plain and half the caches unquantized, so that
 the bugs of plain attention keep their share of the examples. Everything
@@ -53,6 +57,7 @@ shrinks towards plain attention and an unquantized cache.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import strategies as st
@@ -169,6 +174,38 @@ def feature_variant(
     )
 
 
+def feature_variants(
+    caps: Capabilities, feature: str, num_heads: int, spread: float, window: int
+) -> list[AttentionVariant]:
+    """The feature pass's first-layer variants, most wanted first: :func:`feature_variant`,
+    then with one partner fewer at a time, down to the feature alone (or plain attention, for
+    an fp8 pass): a backend that excludes a pairing (ALiBi with sinks) is drawn without it.
+
+    >>> caps = Capabilities("x", variants={"sinks", "alibi"})
+    >>> [sorted(v.features) for v in feature_variants(caps, "alibi", 2, 1.0, 256)]
+    [['alibi', 'sinks'], ['alibi']]
+    """
+    best = feature_variant(caps, feature, num_heads, spread, window)
+    out = [best]
+    extra = sorted(best.features - {feature})
+    for size in range(len(extra) - 1, -1, -1):
+        for kept in itertools.combinations(extra, size):
+            one = _only(best, {*kept} | ({feature} & set(VARIANTS)))
+            if one not in out:
+                out.append(one)
+    return out
+
+
+def _only(v: AttentionVariant, features: set[str]) -> AttentionVariant:
+    """``v`` with only ``features`` kept."""
+    return AttentionVariant(
+        window=v.window if "window" in features else None,
+        softcap=v.softcap if "softcap" in features else None,
+        sinks=v.sinks if "sinks" in features else None,
+        alibi_slopes=v.alibi_slopes if "alibi" in features else None,
+    )
+
+
 def _combine(window: object, softcap: object, sinks: object, slopes: object) -> AttentionVariant:
     return AttentionVariant(window, softcap, sinks, slopes)  # type: ignore[arg-type]
 
@@ -189,28 +226,41 @@ def layer_variants(
 _Quantization = tuple[str | None, tuple[tuple[float, float], ...]]
 
 
-def kv_quantization(caps: Capabilities, num_layers: int) -> st.SearchStrategy[_Quantization]:
-    """``(kv_dtype, kv_scales)``: unquantized, or a declared fp8 dtype with per-layer scales."""
+def kv_quantization(
+    caps: Capabilities, num_layers: int, latent: bool = False
+) -> st.SearchStrategy[_Quantization]:
+    """``(kv_dtype, kv_scales)``: unquantized, or a declared fp8 dtype with per-layer scales
+    (equal K and V scales for a ``latent`` cache).
+
+    >>> from hypothesis import find
+    >>> caps = Capabilities("x", kv_dtypes={"fp8_e4m3"})
+    >>> _, scales = find(kv_quantization(caps, 2, latent=True), lambda q: q[0] is not None)
+    >>> all(k == v for k, v in scales)
+    True
+    """
     if not caps.kv_dtypes:
         return st.just((None, ()))
 
     def quantized(kv_dtype: str, levels: tuple[tuple[float, float], ...]) -> _Quantization:
         return kv_dtype, tuple(drawn_scales(kv_dtype, k, v) for k, v in levels)
 
-    levels = st.tuples(*(st.sampled_from(_LEVEL_PAIRS) for _ in range(num_layers)))
+    pairs = _LATENT_LEVELS if latent else _LEVEL_PAIRS
+    levels = st.tuples(*(st.sampled_from(pairs) for _ in range(num_layers)))
     fp8 = st.builds(quantized, st.sampled_from(sorted(caps.kv_dtypes)), levels)
     return st.one_of(st.just((None, ())), fp8)
 
 
 _LEVEL_PAIRS = [(k, v) for k in FP8_SATURATION for v in FP8_SATURATION if k != v]  # K != V
+_LATENT_LEVELS = [(k, k) for k in FP8_SATURATION]  # one scale for a latent row
 
 
 def fp8_layer_scales(
-    kv_dtype: str, num_layers: int
+    kv_dtype: str, num_layers: int, latent: bool = False
 ) -> st.SearchStrategy[tuple[tuple[float, float], ...]]:
     """Each layer's ``(k_scale, v_scale)`` for a cache of ``kv_dtype``, as :func:`kv_quantization`
     draws them."""
-    one = st.sampled_from(_LEVEL_PAIRS).map(lambda kv: drawn_scales(kv_dtype, *kv))
+    pairs = _LATENT_LEVELS if latent else _LEVEL_PAIRS
+    one = st.sampled_from(pairs).map(lambda kv: drawn_scales(kv_dtype, *kv))
     return st.tuples(*(one for _ in range(num_layers)))
 
 

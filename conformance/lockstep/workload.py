@@ -19,6 +19,15 @@ True
 >>> k3, _ = truth.rows([6, 9], layer=0)
 >>> bool((k3[1] == k1[1]).any())                # token 9 after another prefix: other K
 False
+
+A latent geometry (multi-head latent attention) has one KV head whose two
+parts are c_kv and k_rope (:attr:`~spec.kv_geometry.KVGeometry.kv_widths`):
+every row the workload makes, written or read, has those widths, and its
+parts are named so in a difference.
+
+>>> mla = WorkloadConfig(latent_geometry(4, 32, 16, "float16", 1), 2, 0.2, seed=7)
+>>> [x.shape for x in TokenKV(mla).rows([5, 9], layer=0)], kv_parts(mla.geometry)
+([(2, 1, 32), (2, 1, 16)], ('c_kv', 'k_rope'))
 """
 
 from __future__ import annotations
@@ -55,11 +64,13 @@ INT32_ELEMENTS = 2**31
 
 SCALE_MANTISSA = 0.875
 """Drawn fp8 scales are this times a power of two: 7 is the odd factor whose float32 reciprocal
-errs enough that multiplying by it rounds fp8 ties the other way (in both formats)."""
+errs enough that multiplying by it rounds fp8 ties the other way (in both formats), as a
+compiled ``div.full.f32`` may: the spec accepts either side of a tie
+(:func:`spec.quant.quantize_range`), and the report counts how often a backend took the other."""
 TIES = {"fp8_e4m3": (1.8125, 1.5625), "fp8_e5m2": (1.625,)}
 """Quotients that are fp8 rounding ties below an even neighbour: ``x / s`` rounds them down (to
 even), ``x * (1 / s)`` in float32 lands just above them and rounds up (``s`` 7/8 of a power of
-two)."""
+two); both are correct stored values."""
 
 
 def tie_values(kv_dtype: str, scale: float) -> tuple[float, ...]:
@@ -80,11 +91,36 @@ POISONS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf}
 slot, even to multiply it by a zero weight, gets a non-finite output."""
 
 
-def poison_rows(config: WorkloadConfig, count: int) -> F64:
-    """``count`` rows ``[count, H_kv, D]`` of the example's poison value."""
-    g = config.geometry
+def poison_rows(config: WorkloadConfig, count: int) -> tuple[F64, F64]:
+    """``count`` rows of K and of V (c_kv and k_rope) of the example's poison value."""
     assert config.poison is not None
-    return np.full((count, g.num_kv_heads, g.head_dim), POISONS[config.poison])
+    k, v = _row_shapes(config.geometry, count)
+    return np.full(k, POISONS[config.poison]), np.full(v, POISONS[config.poison])
+
+
+KV_PARTS = ("K", "V")
+LATENT_PARTS = ("c_kv", "k_rope")
+"""What the two parts of a write and a read are called: K and V, or a latent row's c_kv and
+k_rope (the names a difference reports)."""
+
+
+def kv_parts(geometry: KVGeometry) -> tuple[str, str]:
+    """The names of ``geometry``'s two KV parts: :data:`KV_PARTS` or :data:`LATENT_PARTS`."""
+    return LATENT_PARTS if geometry.is_latent else KV_PARTS
+
+
+def _row_shapes(geometry: KVGeometry, count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of ``count`` rows of K and V: ``[count, H_kv, width]`` each (latent: c_kv and
+    k_rope, :attr:`~spec.kv_geometry.KVGeometry.kv_widths`)."""
+    k, v = geometry.kv_widths
+    return (count, geometry.num_kv_heads, k), (count, geometry.num_kv_heads, v)
+
+
+def _both(geometry: KVGeometry, raw: F64) -> tuple[F64, F64]:
+    """``raw`` ``[..., H_kv, head_dim + value width]`` split into K and V of their widths
+    (one draw serves both, so a latent row's parts come from one stream)."""
+    k = geometry.kv_widths[0]
+    return raw[..., :k], raw[..., k:]
 
 
 _Q, _BACKGROUND, _PAD, _GUARD = 1, 2, 3, 4  # stream tags: no two uses share a random stream
@@ -173,6 +209,20 @@ def geometry_for(
     return geometry, num_kv_heads * group
 
 
+def latent_geometry(
+    block_size: int, latent_dim: int, rope_dim: int, dtype: str, layers: int
+) -> KVGeometry:
+    """A latent geometry (one KV head, rows of ``latent_dim + rope_dim``) of a short pool.
+
+    >>> g = latent_geometry(16, 512, 64, "bfloat16", 1)
+    >>> g.head_dim, g.num_kv_heads, g.kv_widths
+    (576, 1, (512, 64))
+    """
+    blocks = pool_blocks(block_size)
+    head_dim = latent_dim + rope_dim
+    return KVGeometry(layers, blocks, block_size, 1, head_dim, dtype, latent_dim=latent_dim)
+
+
 def pool_blocks(block_size: int, tokens: int = 96) -> int:
     """Blocks of a short workload's pool: :data:`POOL_BLOCKS`, else about ``tokens`` (5 at least).
 
@@ -204,10 +254,44 @@ def scale_for(head_dim: int, large_logits: bool) -> float:
     return (LARGE_LOGIT_GAIN if large_logits else 1.0) / math.sqrt(head_dim)
 
 
+def latent_scale(nope_dim: int, rope_dim: int, large_logits: bool) -> float:
+    """A latent model's softmax scale: ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``, as
+    DeepSeek's (``nope_dim`` is the model's, drawn: :func:`nope_dims`), times the large-logit
+    gain when asked. Never the row width's: a kernel that derives it from the cache shows.
+
+    >>> latent_scale(128, 64, False) == 1 / math.sqrt(192)
+    True
+    """
+    return scale_for(nope_dim + rope_dim, large_logits)
+
+
+def nope_dims(latent_dim: int, rope_dim: int) -> tuple[int, ...]:
+    """The model's per-head non-rotary query and key width (``qk_nope_head_dim``) a latent
+    workload draws its scale from: twice the rope width (DeepSeek-V3's 128 beside 64), half
+    of it, three times it, but never the one that makes ``nope + rope`` the row's width
+    (``1 / sqrt(latent_dim + rope_dim)`` is the mistake the suite must tell apart).
+
+    >>> nope_dims(512, 64), nope_dims(32, 16)
+    ((128, 32, 192), (8, 48))
+    """
+    out = (2 * rope_dim, max(1, rope_dim // 2), 3 * rope_dim)
+    return tuple(n for n in out if n != latent_dim)
+
+
 def large_logits(config: WorkloadConfig) -> bool:
     """Whether ``config`` uses the large-logit scale (rather than about ``1 / sqrt(D)``)."""
-    gain = config.scale * math.sqrt(config.geometry.head_dim)
-    return abs(gain) > 0.5 * (1.0 + LARGE_LOGIT_GAIN)
+    return large_scale(config.scale, config.geometry.head_dim)
+
+
+def large_scale(scale: float, head_dim: int) -> bool:
+    """Whether ``scale`` is a large-logit one for rows ``head_dim`` wide: nearer
+    ``LARGE_LOGIT_GAIN / sqrt(head_dim)`` than ``1 / sqrt(head_dim)`` (a latent model's scale,
+    :func:`latent_scale`, is neither exactly, and is told apart all the same).
+
+    >>> large_scale(latent_scale(8, 16, True), 48), large_scale(latent_scale(48, 16, False), 48)
+    (True, False)
+    """
+    return abs(scale * math.sqrt(head_dim)) > 0.5 * (1.0 + LARGE_LOGIT_GAIN)
 
 
 def _seeded(*words: int) -> np.random.Generator:
@@ -222,10 +306,10 @@ class TokenKV:
         self._memo: dict[tuple[bytes, int], tuple[F64, F64]] = {}
 
     def rows(self, tokens: Sequence[int], layer: int, start: int = 0) -> tuple[F64, F64]:
-        """K and V ``[len(tokens) - start, H_kv, D]`` of positions ``start ..`` of ``tokens``."""
-        g = self._config.geometry
-        shape = (len(tokens) - start, g.num_kv_heads, g.head_dim)
-        k, v = np.empty(shape), np.empty(shape)
+        """K and V ``[len(tokens) - start, H_kv, D]`` of positions ``start ..`` of ``tokens``
+        (latent: c_kv and k_rope, of their widths)."""
+        k_shape, v_shape = _row_shapes(self._config.geometry, len(tokens) - start)
+        k, v = np.empty(k_shape), np.empty(v_shape)
         for p, digest in enumerate(prefix_digests(tokens)[start:]):
             k[p], v[p] = self._row(digest, layer)
         return k, v
@@ -235,27 +319,35 @@ class TokenKV:
         if key not in self._memo:
             g = self._config.geometry
             word = int.from_bytes(digest[:8], "little")
-            raw = _seeded(self._config.seed, layer, word).standard_normal(
-                (2, g.num_kv_heads, g.head_dim)
-            )
-            both = round_to(raw, g.dtype)
+            if g.is_latent:  # one row [c_kv, k_rope]: one draw, split
+                raw = _seeded(self._config.seed, layer, word).standard_normal((1, g.head_dim))
+                both = _both(g, round_to(raw, g.dtype))
+            else:
+                raw = _seeded(self._config.seed, layer, word).standard_normal(
+                    (2, g.num_kv_heads, g.head_dim)
+                )
+                rounded = round_to(raw, g.dtype)
+                both = (rounded[0], rounded[1])
             if g.kv_dtype is not None:
                 _place_ties(both, g.kv_dtype, g.kv_scales[layer], word)
-            self._memo[key] = (both[0], both[1])
+            self._memo[key] = both
         return self._memo[key]
 
 
-def _place_ties(both: F64, kv_dtype: str, scales: tuple[float, float], word: int) -> None:
+def _place_ties(
+    both: tuple[F64, F64], kv_dtype: str, scales: tuple[float, float], word: int
+) -> None:
     """Put one value of :func:`tie_values` (of the K or V scale) into each head of a token's K and
-    V, at an element and sign chosen by ``word``: every token then has a quotient that a
-    quantizer rounds right only by dividing, exactly as the spec does."""
-    heads, dim = both.shape[1], both.shape[2]
-    for which in range(2):
+    V, at an element and sign chosen by ``word``: every token then has a quotient where a
+    compiled division may land on either side (both accepted), and where a quantizer that
+    rounds wrong in other ways (toward zero) shows."""
+    for which, part in enumerate(both):
+        heads, dim = part.shape
         ties = tie_values(kv_dtype, scales[which])
         for h in range(heads):
             bits = word >> (8 * (2 * h + which) % 56)
             sign = -1.0 if bits & 1 else 1.0
-            both[which, h, (bits >> 1) % dim] = sign * ties[(bits >> 4) % len(ties)]
+            part[h, (bits >> 1) % dim] = sign * ties[(bits >> 4) % len(ties)]
 
 
 class SequenceTruth:
@@ -310,7 +402,8 @@ def prefix_digests(tokens: Sequence[int]) -> list[bytes]:
 
 
 def queries(config: WorkloadConfig, step: int, layer: int, num_tokens: int) -> F64:
-    """The query ``[num_tokens, H, D]`` of one step and layer."""
+    """The query ``[num_tokens, H, D]`` of one step and layer (latent: each head ``[q_latent,
+    q_rope]``, as wide as the row)."""
     raw = _seeded(config.seed, _Q, step, layer).standard_normal(
         (num_tokens, config.num_heads, config.geometry.head_dim)
     )
@@ -320,28 +413,31 @@ def queries(config: WorkloadConfig, step: int, layer: int, num_tokens: int) -> F
 def background(config: WorkloadConfig, layer: int) -> tuple[F64, F64]:
     """K and V for every slot before the workload starts, so that any stray write shows."""
     g = config.geometry
-    raw = _seeded(config.seed, _BACKGROUND, layer).standard_normal(
-        (2, g.num_blocks * g.block_size, g.num_kv_heads, g.head_dim)
-    )
-    both = round_to(raw, g.dtype)
-    return both[0], both[1]
+    return _normal_rows(g, _seeded(config.seed, _BACKGROUND, layer), g.num_blocks * g.block_size)
 
 
 def guard_background(config: WorkloadConfig, layer: int, num_slots: int) -> tuple[F64, F64]:
     """K and V of the guard blocks around a large pool's workload: never written after priming."""
-    g = config.geometry
-    raw = _seeded(config.seed, _GUARD, layer).standard_normal(
-        (2, num_slots, g.num_kv_heads, g.head_dim)
-    )
-    both = round_to(raw, g.dtype)
+    return _normal_rows(config.geometry, _seeded(config.seed, _GUARD, layer), num_slots)
+
+
+def _normal_rows(g: KVGeometry, rng: np.random.Generator, count: int) -> tuple[F64, F64]:
+    """``count`` rows of K and V of unit normals in the dtype (latent: one draw, split)."""
+    if g.is_latent:
+        return _both(g, round_to(rng.standard_normal((count, 1, g.head_dim)), g.dtype))
+    both = round_to(rng.standard_normal((2, count, g.num_kv_heads, g.head_dim)), g.dtype)
     return both[0], both[1]
 
 
-def padding_rows(config: WorkloadConfig, step: int, layer: int, count: int) -> F64:
-    """Rows that sit under slot ``-1`` or past the slot mapping: a backend must store none."""
+def padding_rows(config: WorkloadConfig, step: int, layer: int, count: int) -> tuple[F64, F64]:
+    """Rows of K and V that sit under slot ``-1`` or past the slot mapping: a backend must
+    store none (V's are negative; latent: c_kv's and k_rope's)."""
     g = config.geometry
     raw = _seeded(config.seed, _PAD, step, layer).uniform(
         0.5 * PAD_VALUE, PAD_VALUE, (count, g.num_kv_heads, g.head_dim)
     )
     out: NDArray[np.float64] = round_to(raw, g.dtype)
-    return out
+    if g.is_latent:
+        k, v = _both(g, out)
+        return k, -v
+    return out, -out

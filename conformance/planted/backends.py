@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from conformance.judges.dtypes import round_to
 from conformance.lockstep.numpy_backend import F32, Ints, NumpyPagedBackend
 from conformance.planted.groups import PLANTED_GROUPS
+from conformance.planted.latent import PLANTED_LATENT
 from conformance.planted.speculative import PLANTED_SPECULATIVE
 from conformance.planted.variants import (
     AlibiFromKeyZero,
@@ -26,8 +27,8 @@ from conformance.planted.variants import (
     Fp8NoSaturation,
     Fp8ScaleIgnored,
     Fp8ScaleTwice,
+    Fp8Truncates,
     KVScalesSwapped,
-    QuantizesByReciprocal,
     SinkNotInDenominator,
     SoftcapAfterExp,
     SoftcapUnscaled,
@@ -345,6 +346,24 @@ class Fp16Accumulation(NumpyPagedBackend):
         return acc
 
 
+class ProductsInActivationDtype(NumpyPagedBackend):
+    """Each ``q_d * k_d`` rounded to the activation dtype (fp16 or bf16) before the float32 sum.
+
+    A decode kernel that saves registers so (SGLang's fp16 decode kernel did) loses a product's
+    low bits: with large logits the scores, and so every weight, move by more than any honest
+    kernel's rounding. Correct if declared (``Capabilities(products="activation")``); the
+    report names it among its hypotheses when it is not.
+    """
+
+    def _dot(self, q: F32, k: F32) -> F32:
+        dtype = self._geo().dtype
+        if dtype == "float32":
+            return super()._dot(q, k)
+        products = round_to(q[:, None, :] * k[None, :, :], dtype)  # [n, t, D]
+        out: F32 = products.astype(np.float32).sum(axis=-1, dtype=np.float32)
+        return out
+
+
 PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "slot mapping off by one at a block boundary": SlotOffByOne,
     "ignores the block table (assumes contiguous blocks)": IgnoresBlockTable,
@@ -369,6 +388,7 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "int32 offsets only in the cached-context loop": Int32OffsetsInCachedContext,
     "sinks counted once per split on the split-KV decode path": SinksWrongOnSplitKV,
     "P @ V accumulated in fp16": Fp16Accumulation,
+    "q.k products rounded to fp16 before the sum (undeclared)": ProductsInActivationDtype,
     "sliding window edge off by one (w + 1 keys)": WindowOffByOne,
     "soft-cap applied to the unscaled scores": SoftcapUnscaled,
     "soft-cap applied after exp": SoftcapAfterExp,
@@ -379,9 +399,10 @@ PLANTED: dict[str, type[NumpyPagedBackend]] = {
     "fp8 KV write without saturation (overflow to NaN/inf)": Fp8NoSaturation,
     "causal mask off by one (a prefill query sees the next token)": CausalOffByOne,
     "fp8 K and V scales swapped in attention": KVScalesSwapped,
-    "fp8 KV write multiplies by the reciprocal of the scale": QuantizesByReciprocal,
+    "fp8 KV write truncates the quotient (rounds toward zero)": Fp8Truncates,
     "ALiBi measured from key 0 (only a sink shows it)": AlibiFromKeyZero,
     **PLANTED_GROUPS,
     **PLANTED_SPECULATIVE,
+    **PLANTED_LATENT,
 }
 """Each planted bug, by the bug class it stands for."""

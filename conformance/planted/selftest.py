@@ -3,7 +3,8 @@
 Runs the quick profile, with a fixed seed and without shrinking (finding is
 what is tested here; shrinking is tested in the project's own tests), against
 each backend of :data:`conformance.planted.backends.PLANTED`, and against the correct
-numpy backend and the spec's reference backend, which must pass. A planted
+numpy backend (as the base of the latent bugs too, declaring the latent layout)
+and the spec's reference backend, which must pass. A planted
 bug that names ``selftest_passes`` (the KV cache group bugs: only the groups
 pass draws groups) runs those passes alone: each pass is seeded on its own,
 so the pass draws what it would draw in the whole run. Then the bounds check
@@ -38,7 +39,12 @@ def selftest(out: Callable[[str], None] = print) -> bool:
     """Print one line per backend and ``caught N/N``; True when every bug is caught."""
     start = time.monotonic()
     ok = True
-    for name, backend in (("reference", ReferenceBackend()), ("numpy", NumpyPagedBackend())):
+    correct = (
+        ("reference", ReferenceBackend()),
+        ("numpy", NumpyPagedBackend()),
+        ("numpy-latent", NumpyPagedBackend(latent=None)),  # the base of the latent bugs
+    )
+    for name, backend in correct:
         result = run_suite(
             backend, name, run_seed=SELFTEST_SEED, database=None, control=FIRST_FAILURE
         )
@@ -59,7 +65,8 @@ def selftest(out: Callable[[str], None] = print) -> bool:
         elif result.difference is not None:
             caught += 1
             first = result.difference.describe().splitlines()[0]
-            where = f"in example {result.stats.first_failure_example}"
+            found = result.failures[0].pass_name if result.failures else "?"
+            where = f"in pass {found}, example {result.stats.first_failure_example}"
             out(f"  caught  {label}\n          {where}: {first}")
         else:
             out(f"  MISSED  {label} ({ref})")

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.lockstep.numpy_backend import F32, Ints, NumpyPagedBackend
+from spec.quant import FP8_FORMATS
 
 
 class WindowOffByOne(NumpyPagedBackend):
@@ -105,21 +106,32 @@ class KVScalesSwapped(NumpyPagedBackend):
         return super()._kv_scale(layer, 1 - which)
 
 
-class QuantizesByReciprocal(NumpyPagedBackend):
-    """The KV write multiplies by ``1 / scale`` (float32) instead of dividing by the scale.
+class Fp8Truncates(NumpyPagedBackend):
+    """The KV write rounds the quotient toward zero (a truncating cast), not to nearest.
 
-    The same whenever the scale is a power of two; otherwise the float32
-    product lands a bit off some exact quotients, and an fp8 tie then rounds
-    the other way.
+    Not an allowance: a compiled division errs by at most 2 ulp, so a correct
+    kernel strays from the nearest fp8 value only at a tie; truncation does on
+    every quotient past the halfway point.
     """
 
-    def _store(self, rows: NDArray[np.floating], layer: int, which: int) -> NDArray[np.floating]:
-        g = self._geo()
-        if g.kv_dtype is None:
-            return super()._store(rows, layer, which)
-        inverse = np.float32(1.0) / np.float32(g.kv_scales[layer][which])
-        product = np.asarray(rows, dtype=np.float32) * inverse
-        return self._fp8_round(self._saturate(product, g.kv_dtype), g.kv_dtype)
+    def _fp8_round(self, x: F32, kv_dtype: str) -> F32:
+        values = _fp8_magnitudes(kv_dtype)  # ascending
+        mag = np.abs(x)
+        below = values[np.maximum(np.searchsorted(values, mag, side="right") - 1, 0)]
+        out: F32 = np.where(np.isnan(x), x, np.copysign(below, x)).astype(np.float32)
+        return out
+
+
+def _fp8_magnitudes(kv_dtype: str) -> F32:
+    """Every finite non-negative value of the fp8 format, ascending."""
+    f = FP8_FORMATS[kv_dtype]
+    steps = 2**f.mantissa_bits
+    subnormal = [k * 2.0 ** (f.min_exponent - f.mantissa_bits) for k in range(steps)]
+    top = int(np.log2(f.max_finite))
+    normal = [
+        (1 + k / steps) * 2.0**e for e in range(f.min_exponent, top + 1) for k in range(steps)
+    ]
+    return np.array(sorted(v for v in subnormal + normal if v <= f.max_finite), dtype=np.float32)
 
 
 class AlibiFromKeyZero(NumpyPagedBackend):

@@ -21,9 +21,10 @@ from typing import Any
 
 from conformance.bounds.checker import CONTRACT
 from conformance.interpreter.limits import limit_in
+from conformance.interpreter.specialisations import counts
 from conformance.reports import replay
 from conformance.reports.failures import failure_lines
-from conformance.reports.files import junit_suite, write_atomic
+from conformance.reports.files import junit_suite, write_output
 from conformance.reports.replay import portable_ref
 from conformance.run.failures import distinct
 from conformance.run.runner import PROFILES, RunResult
@@ -107,10 +108,39 @@ def _coverage_lines(result: RunResult) -> list[str]:
     passes = ", ".join(f"{name} {count}" for name, count in result.passes)
     lines = [f"  envelope: {result.envelope}; passes (examples asked): {passes}"]
     lines += [f"  drawn: {note}" for note in result.notes]
+    lines += [f"  judged by: {result.oracle}"] if result.oracle else []
     lines += ["  coverage:", *(f"    {line}" for line in result.stats.coverage.describe())]
     margins = result.stats.margins.describe()
     lines += ["  numerics (the most of each allowance used):", *(f"    {m}" for m in margins)]
-    return lines
+    return lines + _time_lines(result) + _specialisation_lines(result)
+
+
+def _time_lines(result: RunResult) -> list[str]:
+    """Where the run's time went: the backend's calls (of which compiling kernels), the rest
+    the suite's own (the spec, the references, the comparisons, drawing)."""
+    s = result.stats
+    backend = sum(s.call_seconds.values())
+    if not backend:
+        return []
+    compiled = (
+        f", of which compiling {s.compiles} Triton kernels {s.compile_seconds:.1f} s"
+        if s.compiles
+        else ""
+    )
+    suite = max(result.wall_time_s * max(result.jobs, 1) - backend, 0.0)
+    return [f"  time: backend calls {backend:.1f} s{compiled}; the suite {suite:.1f} s"]
+
+
+def _specialisation_lines(result: RunResult) -> list[str]:
+    """How many kernel specialisations the run launched under the interpreter: what a compiled
+    run of the same seed compiles once each (:mod:`conformance.interpreter.specialisations`)."""
+    keys = result.stats.specialisations
+    if not keys:
+        return []
+    per = ", ".join(f"{kernel} {n}" for kernel, n in counts(keys).items())
+    return [
+        f"  Triton specialisations launched (a compiled run compiles each once): {len(keys)}: {per}"
+    ]
 
 
 def _skips(result: RunResult) -> list[str]:
@@ -127,8 +157,28 @@ def summary_lines(result: RunResult) -> list[str]:
         f"(profile {result.profile}, seed {result.seed}{_shard(result)}): {verdict(result)}",
         f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
         f"{result.wall_time_s:.1f} s",
+        *_products_line(result.capabilities),
         *_run_lines(result),
     ]
+
+
+def _products_line(caps: Capabilities) -> list[str]:
+    """Under which declared product precision the outputs were judged, when not the default."""
+    if caps.products == "exact":
+        return []
+    return [
+        f"  products: the backend declares {caps.products!r} "
+        f"({PRODUCT_WORDS[caps.products]}): its outputs were judged beside a same-precision "
+        "reference that rounds them so"
+    ]
+
+
+PRODUCT_WORDS = {
+    "tf32": "float32 products on TF32 operands",
+    "activation": "each q.k product rounded to the activation dtype",
+    "fp8": "Q and P cast to the fp8 cache dtype",
+}
+"""How a report names each declared product precision (:data:`spec.capabilities.PRODUCTS`)."""
 
 
 def _shard(result: RunResult) -> str:
@@ -270,12 +320,25 @@ def json_report(result: RunResult) -> dict[str, Any]:
         "envelope": result.envelope,
         "passes": [{"pass": name, "examples": count} for name, count in result.passes],
         "drawn": list(result.notes),
+        "oracle": result.oracle,
         "drawn_features": dict(sorted(s.drawn.items())),
         "coverage": s.coverage.to_json(),
         "numerics_margins": {
             "step_excess": dict(sorted(s.margins.step.items())),
             "example_mean_share": dict(sorted(s.margins.mean.items())),
             "example_lean_ulps": dict(sorted(s.margins.lean.items())),
+        },
+        "specialisations": {
+            "total": len(s.specialisations),
+            "per_kernel": counts(s.specialisations),
+        },
+        "time_split": {
+            "backend_s": round(sum(s.call_seconds.values()), 3),
+            "backend_by_call_s": {k: round(v, 3) for k, v in sorted(s.call_seconds.items())},
+            "compiles": s.compiles,
+            "compile_s": round(s.compile_seconds, 3),
+            "wall_s": round(result.wall_time_s, 3),
+            "jobs": result.jobs,
         },
         "skipped": _skips(result),
         "capabilities": _capabilities(result.capabilities),
@@ -315,8 +378,8 @@ def _capabilities(caps: Capabilities) -> dict[str, Any]:
 
 
 def write_json(result: RunResult, path: Path) -> None:
-    """The JSON report, written atomically (:func:`conformance.reports.files.write_atomic`)."""
-    write_atomic(path, json.dumps(json_report(result), indent=2) + "\n")
+    """The JSON report, written by :func:`conformance.reports.files.write_output`'s rule."""
+    write_output(path, json.dumps(json_report(result), indent=2) + "\n")
 
 
 def write_junit(result: RunResult, path: Path) -> None:
@@ -363,4 +426,4 @@ def write_junit(result: RunResult, path: Path) -> None:
             ET.SubElement(suite, "testcase", classname=classname, name=why), "skipped"
         )
         skipped.set("message", why)
-    write_atomic(path, ET.tostring(suite, encoding="unicode", xml_declaration=True))
+    write_output(path, ET.tostring(suite, encoding="unicode", xml_declaration=True))

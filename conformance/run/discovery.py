@@ -37,6 +37,22 @@ ENV_VAR = "PAGED_SPEC_BACKEND"
 """Names the backend, as ``--backend`` does, for :mod:`conformance.pytest_suite`."""
 
 _METHODS = ("create_cache", "write_kv", "copy_blocks", "attention", "read_cache")
+EXTRAS = {"torch": "torch", "triton": "gpu"}
+"""The optional packages this project's backends import, and the extra that brings each
+(pyproject.toml): the base install runs the reference and any numpy backend without them."""
+
+
+def missing_extra(err: BaseException) -> str | None:
+    """What to install when ``err`` is the import of an optional package that is not there.
+
+    >>> missing_extra(ModuleNotFoundError("No module named 'triton'", name="triton"))
+    "triton, which is not installed: pip install 'paged-spec[gpu]'"
+    """
+    name = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    top = (name or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    return f"{top}, which is not installed: pip install 'paged-spec[{EXTRAS[top]}]'"
 
 
 def installed_backends() -> dict[str, str]:
@@ -56,6 +72,9 @@ def load_backend(ref: str) -> Backend:
     try:
         backend = factory()
     except (Exception, SystemExit) as err:  # sys.exit in a factory is a setup error too
+        hint = missing_extra(err)
+        if hint:
+            raise SetupError(f"{ref!r}: calling {attr}() needs {hint}") from err
         raise SetupError(f"{ref!r}: calling {attr}() raised {type(err).__name__}: {err}") from err
     missing = [m for m in _METHODS if not callable(getattr(backend, m, None))]
     if missing:
@@ -118,6 +137,9 @@ def _import(module_name: str, ref: str) -> ModuleType:
     except SetupError:
         raise
     except (Exception, SystemExit) as err:
+        hint = missing_extra(err)
+        if hint:
+            raise SetupError(f"{ref!r}: importing {module_name} needs {hint}") from err
         raise SetupError(
             f"{ref!r}: importing {module_name} raised {type(err).__name__}: {err}"
         ) from err

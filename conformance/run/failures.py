@@ -3,8 +3,10 @@
 A run judges every pass (:attr:`~conformance.run.control.RunControl.every_pass`):
 a failure in one pass does not stop the others, because one bug can hide
 another (a kernel's rounding weakness in a short example hid its int32
-overflow in the large-pool pass). Each failing pass leaves one
-:class:`PassFailure`; the first is also the run's headline difference.
+overflow in the large-pool pass); and a failing pass is drawn again without
+the failure's cause (:mod:`conformance.run.causes`), so a second bug in the
+same pass shows too. Each failure leaves one :class:`PassFailure`, with its
+cause; the first is also the run's headline difference.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class PassFailure:
     flaky: bool
     example: int | None  # the example of the run in which it appeared
     nondeterminism: tuple[str, str] | None = None
+    cause: str | None = None  # what the pass was drawn again without (conformance.run.causes)
 
     @property
     def kind(self) -> str:
@@ -52,6 +55,7 @@ class PassFailure:
             "flaky": self.flaky,
             "example": self.example,
             "nondeterministic": self.nondeterminism is not None,
+            "cause": self.cause,
         }
 
 

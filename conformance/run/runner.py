@@ -24,6 +24,7 @@ the first is shrunk, the later ones are reported as found.
 from __future__ import annotations
 
 import random
+import re
 import time
 import unittest
 from collections.abc import Callable, Iterable, Iterator
@@ -42,6 +43,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.bounds.checker import GPU_NOTE, BoundsChecker, BoundsReport, unusable
 from conformance.errors import SetupError, SuiteStopped
+from conformance.interpreter import specialisations
 from conformance.interpreter.api import install_when_interpreting
 from conformance.judges.compare import Difference
 from conformance.judges.oracle import OracleChoice, oracle_for_run
@@ -50,6 +52,8 @@ from conformance.lockstep.envelope_scale import scaled
 from conformance.lockstep.machine import LockstepMachine, RunStats, timed_progress
 from conformance.lockstep.plan import Plan, plan_for
 from conformance.reports.replay import script as replay_script
+from conformance.run.causes import MAX_CAUSES, Cause, cause_of, excluding
+from conformance.run.compiles import watching_compiles
 from conformance.run.control import RunControl
 from conformance.run.database import open_database
 from conformance.run.failures import FATAL, PassFailure
@@ -156,6 +160,7 @@ class RunResult:
     skipped: tuple[str, ...]
     stats: RunStats
     notes: tuple[str, ...] = ()  # what was drawn, and from where (declared sets, the envelope)
+    oracle: str = ""  # the references, when not the usual pair (OracleChoice.note)
     envelope: str = "cpu"
     passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, examples asked)
     wall_time_s: float = 0.0
@@ -177,6 +182,7 @@ class RunResult:
     shard: Shard | None = None  # the run's share of the examples, when it is one shard of N
     failures: list[PassFailure] = field(default_factory=list)  # each failing pass, first first
     jobs: int = 1  # shards run side by side (conformance.run.parallel), merged into this result
+    cause: Cause | None = None  # the current failure's cause (conformance.run.causes)
 
     @property
     def passed(self) -> bool:
@@ -225,6 +231,7 @@ def run_suite(
     """
     control = control or RunControl()
     install_when_interpreting()  # interpreted kernels are judged as compiled Triton would run
+    specialisations.reset()  # the compiled kernels' keys this run launches, counted afresh
     if not shrink:
         control = replace(control, shrink=False)
     chosen = PROFILES[profile]
@@ -250,6 +257,7 @@ def run_suite(
         requested=(short, long if control.long_examples is None else control.long_examples),
         isolated=sink is not None,
         notes=plan.notes,
+        oracle=oracle.note(),
         envelope=plan.envelope.device,
         shard=shard,
     )
@@ -259,10 +267,12 @@ def run_suite(
         watching(control.call_timeout_s, sink, isolated=sink is not None) as watch,
         _shrinking(),
         _same_draws_everywhere(),
+        watching_compiles(stats),
     ):
         watch.send({"t": "start", "result": result})
         tick = _ticker(stats, progress, clock, watch)
         kinds = None if passes is None else set(passes)
+        offset, drew = 0, False  # examples the earlier passes asked for; whether any pass drew
         for plan_now in plan.passes():
             if kinds is not None and plan_now.kind not in kinds:
                 continue
@@ -277,24 +287,50 @@ def run_suite(
                 result.stopped = "time budget"
                 break
             name = _pass_name(plan_now)
-            result.passes.append((name, count))
-            watch.send({"t": "start", "result": result})  # the parent knows the pass under way
-            suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
-            db = open_database(database, backend_ref + suffix)
-            shrink = control.shrink and not result.failures  # later failures: as found
-            config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
-            _run_pass(result, backend, plan_now, config, tick, clock, watch, claims, bounds, oracle)
-            if result.difference is not None and control.shrink and not shrink:
-                result.shrink_note = LATER_NOT_SHRUNK
-            if result.difference is not None:
+            causes: list[Cause] = []  # excluded, one after each failure of this pass
+            while True:
+                shown = name if not causes else f"{name}, without {_listed(causes)}"
+                result.passes.append((shown, count))
+                watch.send({"t": "start", "result": result})  # the parent knows the pass
+                suffix = "" if plan_now.kind == "short" else "-" + name.replace(" ", "-")
+                db = None if causes else open_database(database, backend_ref + suffix)
+                shrink = control.shrink and not result.failures  # later failures: as found
+                config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
+                this = replace(plan_now, capabilities=excluding(plan_now.capabilities, causes))
+                split = _Split(None if causes else result.shard, None if causes else claims)
+                split.offset = offset
+                if (causes and this.vetoed()) or not _run_pass(
+                    result, backend, this, config, tick, clock, watch, split, bounds, oracle
+                ):
+                    result.passes.pop()
+                    result.skipped += (_nothing_to_draw(shown, this, causes),)
+                    break
+                drew = True
+                if result.difference is not None and control.shrink and not shrink:
+                    result.shrink_note = LATER_NOT_SHRUNK
+                if result.difference is None:
+                    break
                 _note_shrinking(result, clock)
-                result.failures.append(take_failure(result, name))
+                cause = result.cause
+                result.failures.append(take_failure(result, shown))
+                _note_failure_margins(result)
                 if not control.every_pass or result.difference.what in FATAL:
                     break
                 _clear_failure(result, clock)
                 watch.send({"t": "start", "result": result})  # the parent keeps the failures
-            if result.stopped or result.interrupted:
+                if cause is None or cause in causes or len(causes) >= MAX_CAUSES:
+                    break
+                causes.append(cause)  # the pass again, drawn without it: the next failure
+                if result.stopped or result.interrupted or clock.spent():
+                    break
+            offset += count
+            if result.difference is not None or result.stopped or result.interrupted:
                 break
+        if not drew and not result.interrupted and not result.stopped and not result.failures:
+            raise SetupError(
+                "the suite could not draw one workload the backend supports in any pass: "
+                "check its capabilities and excludes hook (" + "; ".join(result.skipped[-3:]) + ")"
+            )
         _judge_replays(result, backend, watch)
         result.slowest_call = watch.slowest
     result.wall_time_s = time.monotonic() - start
@@ -335,7 +371,7 @@ def _refuse_unchecked(result: RunResult, bounds: BoundsChecker | None) -> None:
 
 
 def take_failure(result: RunResult, pass_name: str) -> PassFailure:
-    """The failing pass as found: its difference, workload and how it was shrunk."""
+    """The failing pass as found: its difference, workload, how it was shrunk, and its cause."""
     return PassFailure(
         pass_name,
         result.difference or Difference("internal", 0, "no difference"),
@@ -344,15 +380,43 @@ def take_failure(result: RunResult, pass_name: str) -> PassFailure:
         result.shrink_note,
         result.flaky,
         result.stats.first_failure_example,
+        cause=None if result.cause is None else result.cause.describe(),
     )
 
 
 def _clear_failure(result: RunResult, clock: _Clock) -> None:
     """Ready the next pass: no current failure, the clock's shrink limit for a new one."""
     result.difference, result.workload, result.shrunk = None, [], False
-    result.shrink_note, result.flaky = "", False
+    result.shrink_note, result.flaky, result.cause = "", False, None
     result.stats.first_failure_example = None
     clock.failure_at = None
+
+
+def _note_failure_margins(result: RunResult) -> None:
+    """The reported failure's own excess in the run's margins: they count passing examples
+    only (an example that failed while shrinking, say, is not in them), and the failures the
+    report lists."""
+    diff = result.difference
+    if diff is None:
+        return
+    if diff.numerics is not None:
+        result.stats.margins.note_step(diff.numerics)
+    if diff.example is not None:
+        result.stats.margins.note_example(diff.example)
+
+
+def _listed(causes: list[Cause]) -> str:
+    return ", ".join(c.describe() for c in causes)
+
+
+def _nothing_to_draw(name: str, plan: Plan, causes: list[Cause]) -> str:
+    """Why a pass drew nothing: what the backend (and the failures before) left out."""
+    if causes:
+        return f"pass {name}: nothing else to draw once {_listed(causes)} is left out"
+    return (
+        f"pass {name}: nothing to draw that the backend supports (its capabilities and "
+        "excludes hook rule out every workload of the pass)"
+    )
 
 
 def _judge_replays(result: RunResult, backend: Backend, watch: RunWatch) -> None:
@@ -419,6 +483,9 @@ def _pass_name(plan: Plan) -> str:
 
 def _pass_unavailable(backend: Backend, plan: Plan) -> str | None:
     """Why a pass cannot run on this backend (``None`` when it can)."""
+    vetoed = plan.vetoed()
+    if vetoed is not None:
+        return f"pass {_pass_name(plan)}: nothing to draw: {vetoed}"
     if plan.kind == "large pool" and not callable(getattr(backend, "read_blocks", None)):
         return (
             "large pool pass (KV offsets past 2^31 elements): the backend has no "
@@ -525,6 +592,7 @@ def _ticker(
     def tick() -> None:
         report()
         clock.after_example()
+        stats.specialisations |= specialisations.seen()
         watch.send({"t": "stats", "stats": stats})
 
     return tick
@@ -553,19 +621,20 @@ def _run_pass(
     tick: Callable[[], None],
     clock: _Clock,
     watch: RunWatch,
-    claims: Claims | None,
+    split: _Split,
     bounds: BoundsChecker | None = None,
     oracle: OracleChoice | None = None,
-) -> None:
-    """One pass: a failure, or why it stopped, goes in ``result``.
+) -> bool:
+    """One pass: a failure, or why it stopped, goes in ``result``; ``False`` when nothing the
+    backend supports could be drawn in it.
 
     Unsharded, one Hypothesis run. One shard of several: first the examples
     saved in the database, in full (a failure found by any shard replays on
     every shard), then the generated ones, this shard's in full and the others'
     through the spec alone (:class:`_Split`). One factory serves every run, so
-    that all of them share one place in the database.
+    that all of them share one place in the database. A pass drawn again
+    without a failure's cause runs unsplit, in the process that found it.
     """
-    split = _Split(result.shard, claims, offset=sum(n for _, n in result.passes[:-1]))
 
     def factory() -> LockstepMachine:
         if not clock.may_start_example():
@@ -586,15 +655,15 @@ def _run_pass(
         )
 
     if not split.shared:
-        _hypothesis(result, factory, config, watch)
-        return
+        return _hypothesis(result, factory, config, watch)
     saved = [p for p in config.phases if p in (Phase.explicit, Phase.reuse, Phase.shrink)]
     if config.database is not None:
         _hypothesis(result, factory, settings(config, phases=saved), watch)
     if result.difference is None and result.stopped is None:
         split.active = True
         new = [p for p in config.phases if p not in (Phase.explicit, Phase.reuse)]
-        _hypothesis(result, factory, settings(config, phases=new), watch)
+        return _hypothesis(result, factory, settings(config, phases=new), watch)
+    return True
 
 
 @dataclass
@@ -642,8 +711,9 @@ def _hypothesis(
     factory: Callable[[], LockstepMachine],
     config: settings,
     watch: RunWatch,
-) -> None:
-    """One Hypothesis run of the machines ``factory`` makes; what it found goes in ``result``."""
+) -> bool:
+    """One Hypothesis run of the machines ``factory`` makes; what it found goes in ``result``.
+    ``False`` when Hypothesis could draw nothing the backend supports."""
     try:
         # Hypothesis accepts any zero-argument callable that returns a machine.
         machine_factory: Any = seed(result.seed)(factory)
@@ -666,17 +736,18 @@ def _hypothesis(
             result.shrink_note = "not shrunk: the failure did not come back while shrinking"
         else:
             _record_internal(result, err, "Hypothesis found the run unreliable")
-    except Unsatisfiable as err:
-        raise SetupError(
-            "the suite could not draw one workload the backend supports: check its "
-            f"capabilities and excludes hook ({err})"
-        ) from err
+    except Unsatisfiable:
+        return False
     except (HypothesisException, Exception) as err:
         _record_internal(result, err, "the suite stopped with an internal error")
+    return True
 
 
 def _record(result: RunResult, failure: ConformanceFailure, shrunk: bool) -> None:
     result.difference, result.workload, result.shrunk = failure.difference, failure.log, shrunk
+    if failure.config is not None:
+        diff = failure.difference
+        result.cause = cause_of(failure.config, diff.layer, diff.diagnosis, diff.what)
     if not shrunk:
         result.shrink_note = "not shrunk (--no-shrink)" if not result.control.shrink else ""
 
@@ -769,11 +840,26 @@ def same_outcome(a: Difference, b: Difference) -> bool:
     where = ("what", "step", "layer", "seq_id", "token", "head", "block", "offset")
     if any(getattr(a, k) != getattr(b, k) for k in where):
         return False
-    if a.what == "bounds":  # kernel, launch, argument, offset and counts: all deterministic
-        return a.detail == b.detail
+    if a.what == "bounds":  # kernel, launch, argument and first offset: deterministic
+        return _bounds_place(a.detail) == _bounds_place(b.detail)
     if a.what in ("exception", "shape", "input", "alias"):
         return a.detail.split(":")[0] == b.detail.split(":")[0]
     return _same_values(a.expected, b.expected) and _same_values(a.actual, b.actual)
+
+
+_COUNTS = re.compile(r"\d+ (?:loads|stores)|\(worst \d+\)")
+_MORE = re.compile(r"\s*\(and \d+ more violations? in this call\)")
+
+
+def _bounds_place(detail: str) -> str:
+    """A bounds failure's detail without its counts: how many accesses strayed, and how far
+    the worst went, can depend on what the out-of-bounds reads returned (a block id read past
+    a table, then used), which is whatever memory held; where the first one was cannot.
+
+    >>> _bounds_place("k: 2332 loads outside t; first by program (0,): element 75 (worst 53)")
+    'k: N outside t; first by program (0,): element 75 N'
+    """
+    return _COUNTS.sub("N", _MORE.sub("", detail))
 
 
 def _same_values(x: tuple[float, ...], y: tuple[float, ...]) -> bool:

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from conformance.reports.files import junit_suite, write_atomic
+from conformance.reports.files import junit_suite, write_output
 from conformance.reports.replay import portable_ref
 from conformance.reports.report import INTERRUPTED
 from conformance.scheduler.engine import EQUIVALENCE
@@ -222,8 +222,8 @@ def json_report(result: SchedulerRunResult) -> dict[str, Any]:
 
 
 def write_json(result: SchedulerRunResult, path: Path) -> None:
-    """The JSON report, written atomically (:func:`conformance.reports.files.write_atomic`)."""
-    write_atomic(path, json.dumps(json_report(result), indent=2) + "\n")
+    """The JSON report, written by :func:`conformance.reports.files.write_output`'s rule."""
+    write_output(path, json.dumps(json_report(result), indent=2) + "\n")
 
 
 def write_junit(result: SchedulerRunResult, path: Path) -> None:
@@ -256,4 +256,4 @@ def write_junit(result: SchedulerRunResult, path: Path) -> None:
             ET.SubElement(case, "error", message=verdict(result)).text = text_report(result)
         elif name != EQUIVALENCE and result.partial:
             ET.SubElement(case, "system-out").text = text_report(result)
-    write_atomic(path, ET.tostring(suite, encoding="unicode", xml_declaration=True))
+    write_output(path, ET.tostring(suite, encoding="unicode", xml_declaration=True))

@@ -42,36 +42,50 @@ from conformance.judges.compare import (
     example_difference,
     first_kv_difference,
     first_output_difference,
+    latent_output_note,
+    latent_part_note,
 )
 from conformance.judges.coverage import Coverage
 from conformance.judges.guard import BackendFault, CallGuard
-from conformance.judges.numerics import ExampleMeter, output_errors, ulp_scale
-from conformance.lockstep.driver import ConformanceFailure
+from conformance.judges.numerics import (
+    LARGE_LOGITS,
+    USUAL_SCALE,
+    ExampleMeter,
+    output_errors,
+    probability_rounding,
+    probability_spread,
+    ulp_scale,
+)
+from conformance.lockstep.driver import P_ROUNDING_ALLOWED, ConformanceFailure
 from conformance.lockstep.machine import RunStats
+from conformance.lockstep.workload import kv_parts, large_scale
 from conformance.run.calls import attention_calls, sub_batch, token_rows
 from conformance.run.runner import PROFILES, RunResult
+from conformance.vectors.consistency import check_operations
 from conformance.vectors.format import (
-    VectorError,
+    batch_of,
     check_tolerance,
-    load_array,
+    geometry_of,
     read_manifest,
+    split_kv,
+    variant_of,
     vector_dirs,
 )
-from conformance.vectors.safe import confined
 from conformance.vectors.validate import check_values
 from spec.attention import AttentionVariant
+from spec.attention_batched import paged_attention_batched as spec_attention
 from spec.backend import Backend
-from spec.batch import BatchMetadata, GroupLayout
+from spec.batch import BatchMetadata
 from spec.capabilities import Capabilities
-from spec.errors import SpecError
-from spec.kv_geometry import KVGeometry
+from spec.kv_memory import KVMemory
 
 _T = TypeVar("_T")
 F64 = NDArray[np.float64]
 
 
 class _Vector:
-    """One vector's manifest, read into the objects the backend is called with."""
+    """One vector's manifest, checked whole (:mod:`conformance.vectors.consistency`), read into
+    the objects the backend is called with."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -81,27 +95,14 @@ class _Vector:
         self.manifest = m
         self.dtype = check_tolerance(where, m.get("tolerance"))
         check_values(m, where)
-        try:
-            self.geometry = _geometry(m["geometry"])
-            heads = m["num_heads"]  # None: the example ran no attention
-            self.num_heads: int | None = None if heads is None else int(heads)
-            self.regime = str(m["scale_regime"])
-            self.variants = [_variant(v) for v in m["layer_variants"]]
-            self.ops: list[dict[str, Any]] = list(m["operations"])
-            self.profile = str(m["source"]["profile"])
-            self.seed = int(m["source"]["seed"])
-        except (KeyError, TypeError, ValueError, SpecError) as err:
-            raise VectorError(f"{where}: missing or malformed field: {err!r}") from err
-        if not self.ops or self.ops[0].get("op") != "create_cache":
-            raise VectorError(f"{where}: operations must start with create_cache")
-        self.backend_geometry = _geometry(self.ops[0]["geometry"])
-
-    def array(self, name: object, where: str) -> NDArray[Any]:
-        """An array the manifest names: inside the vector directory, every value finite."""
-        out = load_array(confined(self.dir, name, f"{self.dir}: {where}"))
-        if not np.isfinite(out).all():
-            raise VectorError(f"{self.dir}: {where}: {name} holds a NaN or infinite value")
-        return out
+        self.arrays = check_operations(directory, m)
+        self.geometry = geometry_of(m["geometry"])
+        self.num_heads: int | None = m["num_heads"]  # None: the example ran no attention
+        self.variants = [variant_of(v) for v in m["layer_variants"]]
+        self.ops: list[dict[str, Any]] = list(m["operations"])
+        self.profile = str(m["source"]["profile"])
+        self.seed = int(m["source"]["seed"])
+        self.backend_geometry = geometry_of(self.ops[0]["geometry"])
 
 
 def unsupported(caps: Capabilities, backend: Backend, vector: _Vector) -> str | None:
@@ -134,6 +135,10 @@ class _Judged:
     actual: F64
     rows: list[tuple[int, int]]  # (sequence, token) of each row
     path: str | None  # the attention paths the backend reported
+    query: F64  # the attended rows' queries, their batch, scale and variant: what the spec
+    batch: BatchMetadata  # needs to recompute where rounding probabilities can err
+    scale: float
+    variant: AttentionVariant | None
 
 
 class _Replay:
@@ -150,7 +155,6 @@ class _Replay:
         self.step = 0
         self.index = 0
         self.owners: dict[int, tuple[int, int]] = {}
-        self.written: dict[int, set[int]] = {}  # per layer: the slots the vector's writes filled
         self.image: dict[tuple[int, int], tuple[F64, F64]] = {}
         self.meter = ExampleMeter(vector.dtype)
         self.pending: list[_Judged] = []  # outputs run, judged after the step's reads
@@ -171,19 +175,10 @@ class _Replay:
         for index, op in enumerate(self.vector.ops):
             self.index = index
             self.step = int(op.get("step", self.step))
-            kind = op.get("op")
-            if kind not in handlers:
-                raise VectorError(
-                    f"{self.vector.dir}: operations[{self.index}]: unknown op {kind!r}"
-                )
-            try:
-                if kind in ("copy_blocks", "finish"):  # a new step: judge the last one's outputs
-                    self._judge()
-                handlers[str(kind)](op)
-            except (KeyError, TypeError, ValueError, IndexError, SpecError) as err:
-                raise VectorError(
-                    f"{self.vector.dir}: operations[{self.index}] ({kind}): malformed: {err!r}"
-                ) from err
+            kind = str(op["op"])
+            if kind in ("copy_blocks", "finish"):  # a new step: judge the last one's outputs
+                self._judge()
+            handlers[kind](op)
         self._judge()
 
     # -- operations -------------------------------------------------------------------
@@ -192,20 +187,12 @@ class _Replay:
         self._call("create_cache", self.backend.create_cache, self.vector.backend_geometry)
 
     def _write(self, op: dict[str, Any]) -> None:
-        kv = self.vector.array(op["kv"], "kv")
+        g = self.vector.backend_geometry
+        kv = self.vector.arrays[op["kv"]].astype(np.float32)  # exact: values of the dtype
+        key, value = (np.ascontiguousarray(x) for x in split_kv(g, kv))  # latent: c_kv, k_rope
         slots = [int(s) for s in op["slot_mapping"]]
         layer = int(op["layer"])
-        g = self.vector.backend_geometry
-        row, top = (g.num_kv_heads, g.head_dim), g.num_blocks * g.block_size
-        if not 0 <= layer < g.num_layers:
-            raise ValueError(f"layer {layer} is outside 0..{g.num_layers - 1}")
-        if kv.ndim != 4 or kv.shape[0] != 2 or kv.shape[2:] != row or kv.shape[1] < len(slots):
-            raise ValueError(f"kv has shape {kv.shape}, expected (2, >= {len(slots)}, *{row})")
-        bad = [s for s in slots if not -1 <= s < top]
-        if bad:
-            raise ValueError(f"slot {bad[0]} is outside -1..{top - 1}")
-        self._call("write_kv", self.backend.write_kv, layer, kv[0], kv[1], slots)
-        self.written.setdefault(layer, set()).update(s for s in slots if s >= 0)
+        self._call("write_kv", self.backend.write_kv, layer, key, value, slots)
         last = (max(slots, default=0) + 1) * g.num_kv_heads * g.head_dim - 1
         self.stats.coverage.note_step(num_seqs=0, decodes=0, max_offset=last)
         for (seq_id, pos), slot in zip(op.get("tokens") or (), slots, strict=False):
@@ -223,13 +210,6 @@ class _Replay:
                     self.owners.pop(dst * b + off, None)
                 else:
                     self.owners[dst * b + off] = owner
-        for filled in self.written.values():
-            for src, dst in copies:
-                for off in range(b):
-                    if src * b + off in filled:
-                        filled.add(dst * b + off)
-                    else:
-                        filled.discard(dst * b + off)
         if copies:
             self.checks["copy lists executed"] += len(copies)
 
@@ -237,25 +217,12 @@ class _Replay:
         """Run the calls the backend accepts (split as the lockstep splits); judge them at once."""
         v = self.vector
         layer = int(op["layer"])
-        query = v.array(op["query"], "query").astype(np.float32)
-        expected = v.array(op["expected"], "expected").astype(np.float64)
-        batch = _batch(op["batch"])
-        batch.validate(
-            v.backend_geometry.num_blocks
-        )  # a malformed vector is not the backend's fault
-        heads = (v.num_heads, v.geometry.head_dim)
-        if (
-            expected.shape != (2, *query.shape)
-            or query.shape[0] != batch.num_tokens
-            or query.shape[1:] != heads
-        ):
-            raise VectorError(
-                f"{v.dir}: operations[{self.index}]: query {query.shape} and expected "
-                f"{expected.shape} do not fit a batch of {batch.num_tokens} tokens"
-            )
-        variant = _variant(op["variant"])
-        extra = {} if variant is None else {"variant": variant}
+        query = v.arrays[op["query"]].astype(np.float32)  # exact: values of the dtype
+        expected = v.arrays[op["expected"]].astype(np.float64)
+        batch = batch_of(op["batch"])
+        extra = {} if op["variant"] is None else {"variant": variant_of(op["variant"])}
         calls = self._calls(batch)
+        g = v.backend_geometry
         actual, paths = [], []
         for call in calls:
             sub = sub_batch(batch, call)
@@ -264,9 +231,13 @@ class _Replay:
                 "attention", self.backend.attention, layer, q, sub, float(op["scale"]), **extra
             )
             got = np.asarray(out, dtype=np.float64)
-            if got.shape != q.shape:
+            shape = (*q.shape[:2], g.value_dim)  # latent: [T, H, latent_dim], not the query's
+            if got.shape != shape:
                 self._fail(
-                    "shape", f"attention returned shape {got.shape}, expected {q.shape}", layer
+                    "shape",
+                    f"attention returned shape {got.shape}, expected {shape}"
+                    + latent_output_note(g),
+                    layer,
                 )
             actual.append(got)
             paths.append(self._path())
@@ -285,24 +256,30 @@ class _Replay:
             for r in token_rows(batch, [i])
         ]
         self.stats.longest = max(self.stats.longest, batch.max_seq_len)
-        self.pending.append(_Judged(self.index, self.step, layer, exact, same, got_all, rows, path))
+        self.pending.append(
+            _Judged(
+                self.index, self.step, layer, exact, same, got_all, rows, path,
+                query[rows_of].astype(np.float64), sub_batch(batch, attended),
+                float(op["scale"]), extra.get("variant"),
+            )
+        )  # fmt: skip
 
     def _judge(self) -> None:
         """Judge the outputs run since the last judgement: after the step's reads (KV first)."""
         pending, self.pending = self.pending, []
         for out in pending:
-            scale = ulp_scale(out.exact, self.vector.dtype)
-            errors = output_errors(
-                out.exact,
-                out.same,
-                out.actual,
-                self.vector.dtype,
-                self.vector.regime,
-                out.path,
-                scale,
-            )
+            dtype, head_dim = self.vector.dtype, self.vector.geometry.head_dim
+            scale = ulp_scale(out.exact, dtype)
+            regime = LARGE_LOGITS if large_scale(out.scale, head_dim) else USUAL_SCALE
+            judge = (out.exact, out.same, out.actual, dtype, regime, out.path, scale)
+            errors, spread = output_errors(*judge), None
+            if not errors.passed and probability_rounding(dtype) and np.isfinite(out.actual).all():
+                spread = self._spread(out)  # where the kernel rounded P, as the lockstep allows
+                errors = output_errors(*judge, spread=spread)
+                if errors.passed:
+                    self.checks[P_ROUNDING_ALLOWED] += 1
             diff = first_output_difference(
-                out.step, out.layer, out.exact, out.actual, errors, out.rows
+                out.step, out.layer, out.exact, out.actual, errors, out.rows, None, spread
             )
             if diff is not None:
                 self._raise(diff, out.index)
@@ -311,6 +288,31 @@ class _Replay:
             self.checks["attention outputs judged against the same-precision reference"] += len(
                 out.rows
             )
+
+    def _spread(self, out: _Judged) -> F64:
+        """Each output's sigma of probability rounding
+        (:func:`~conformance.judges.numerics.probability_spread`), from the KV the vector expects
+        the cache to hold now (its reads so far), dequantized."""
+        g = self.vector.backend_geometry
+        dims = (g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        memory = KVMemory(*dims, lazy=True, latent_dim=g.latent_dim)
+        b = g.block_size
+        k_scale, v_scale = g.kv_scales[out.layer] if g.kv_dtype is not None else (1.0, 1.0)
+        for (layer, block), (k, v) in self.image.items():
+            if layer == out.layer:
+                slots = list(range(block * b, (block + 1) * b))
+                memory.write(layer, k * k_scale, v * v_scale, slots)
+        spread: F64 = spec_attention(
+            out.query,
+            out.batch,
+            memory,
+            out.layer,
+            out.scale,
+            variant=out.variant,
+            group=g.group_of(out.layer),
+            precision=probability_spread(self.vector.dtype),
+        )
+        return spread
 
     def _calls(self, batch: BatchMetadata) -> list[list[int]]:
         """The sequences of each call the backend accepts, as the lockstep forms them."""
@@ -321,11 +323,13 @@ class _Replay:
         blocks = op["blocks"]
         g = v.backend_geometry
         ids = list(range(g.num_blocks)) if blocks is None else [int(b) for b in blocks]
-        if op.get("update") is not None:
-            self._update(layer, op["update_slots"], v.array(op["update"], "update"))
-        k, v_ = self._read_backend(layer, blocks, ids)
-        row = (g.num_kv_heads, g.head_dim)
-        for which, (name, actual) in enumerate((("K", k), ("V", v_))):
+        if op["update"] is not None:
+            self._update(layer, op["update_slots"], v.arrays[op["update"]])
+        got = self._read_backend(layer, blocks, ids)
+        for which, (name, width, actual) in enumerate(
+            zip(kv_parts(g), g.kv_widths, got, strict=True)
+        ):
+            row = (g.num_kv_heads, width)
             want = np.stack([self._expected(layer, b)[which] for b in ids])
             diff = first_kv_difference(
                 self.step,
@@ -355,35 +359,22 @@ class _Replay:
     # -- internals --------------------------------------------------------------------
 
     def _update(self, layer: int, slots: Sequence[int], update: NDArray[Any]) -> None:
-        """The expected contents of ``slots`` from now on: rows ``update[0]`` (K), ``[1]`` (V)."""
+        """The expected contents of ``slots`` from now on: the rows of ``update``, K and V (or
+        c_kv and k_rope: :func:`~conformance.vectors.format.split_kv`)."""
         g = self.vector.backend_geometry
-        b, row = g.block_size, (g.num_kv_heads, g.head_dim)
-        if update.shape != (2, len(slots), *row):
-            raise VectorError(
-                f"{self.vector.dir}: operations[{self.index}]: update has shape {update.shape}, "
-                f"expected {(2, len(slots), *row)}"
-            )
-        unwritten = [s for s in slots if s not in self.written.get(layer, ())]
-        if unwritten:  # the image would blame the backend for what the vector never wrote
-            raise VectorError(
-                f"{self.vector.dir}: operations[{self.index}].update_slots: slot {unwritten[0]} "
-                f"of layer {layer} was never written by the vector's write_kv operations"
-            )
+        b, parts = g.block_size, split_kv(g, update)
         for j, slot in enumerate(int(s) for s in slots):
             key = (layer, slot // b)
             if key not in self.image:
-                self.image[key] = (np.zeros((b, *row)), np.zeros((b, *row)))
-            self.image[key][0][slot % b] = update[0, j]
-            self.image[key][1][slot % b] = update[1, j]
+                k_width, v_width = g.kv_widths
+                row = (b, g.num_kv_heads)
+                self.image[key] = (np.zeros((*row, k_width)), np.zeros((*row, v_width)))
+            for which in (0, 1):
+                self.image[key][which][slot % b] = parts[which][j]
 
     def _expected(self, layer: int, block: int) -> tuple[F64, F64]:
-        try:
-            return self.image[layer, block]
-        except KeyError:
-            raise VectorError(
-                f"{self.vector.dir}: operations[{self.index}]: block {block} of layer {layer} is "
-                "read before any update gave its expected contents"
-            ) from None
+        """The expected contents of a block (every slot of it was updated: checked before)."""
+        return self.image[layer, block]
 
     def _read_backend(self, layer: int, blocks: object, ids: list[int]) -> tuple[F64, F64]:
         g = self.vector.backend_geometry
@@ -397,12 +388,15 @@ class _Replay:
 
     def _shaped(self, got: object, blocks: int, layer: int) -> tuple[F64, F64]:
         g = self.vector.backend_geometry
-        shape = (blocks, g.block_size, g.num_kv_heads, g.head_dim)
         pair = got if isinstance(got, tuple | list) and len(got) == 2 else (got, got)
         out = [np.asarray(x, dtype=np.float64) for x in pair]
-        for name, x in zip("KV", out, strict=True):
+        for name, width, x in zip(kv_parts(g), g.kv_widths, out, strict=True):
+            shape = (blocks, g.block_size, g.num_kv_heads, width)
             if x.shape != shape:
-                self._fail("shape", f"read {name} has shape {x.shape}, expected {shape}", layer)
+                detail = (
+                    f"read {name} has shape {x.shape}, expected {shape}{latent_part_note(g, name)}"
+                )
+                self._fail("shape", detail, layer)
         return out[0], out[1]
 
     def _path(self) -> str | None:
@@ -509,6 +503,7 @@ def _note_coverage(coverage: Coverage, vector: _Vector) -> None:
         num_kv_heads=g.num_kv_heads,
         gqa_ratio=vector.num_heads // g.num_kv_heads,
         dtype=g.dtype,
+        latent=g.kv_widths if g.is_latent else None,
     )
 
 
@@ -516,49 +511,5 @@ def _shape(vector: _Vector) -> str:
     g = vector.geometry
     kv = "" if g.kv_dtype is None else f" KV {g.kv_dtype}"
     heads = "-" if vector.num_heads is None else vector.num_heads
-    return f"{g.dtype} B={g.block_size} H={heads}/{g.num_kv_heads} D={g.head_dim}{kv}"
-
-
-def _geometry(d: Mapping[str, Any]) -> KVGeometry:
-    return KVGeometry(
-        num_layers=int(d["num_layers"]),
-        num_blocks=int(d["num_blocks"]),
-        block_size=int(d["block_size"]),
-        num_kv_heads=int(d["num_kv_heads"]),
-        head_dim=int(d["head_dim"]),
-        dtype=str(d["dtype"]),
-        kv_dtype=None if d["kv_dtype"] is None else str(d["kv_dtype"]),
-        kv_scales=tuple((float(k), float(v)) for k, v in d["kv_scales"]),
-        layer_groups=tuple(int(x) for x in d["layer_groups"]),
-    )
-
-
-def _variant(d: Mapping[str, Any] | None) -> AttentionVariant | None:
-    if d is None:
-        return None
-    sinks, slopes = d.get("sinks"), d.get("alibi_slopes")
-    return AttentionVariant(
-        window=d.get("window"),
-        softcap=d.get("softcap"),
-        sinks=None if sinks is None else tuple(float(x) for x in sinks),
-        alibi_slopes=None if slopes is None else tuple(float(x) for x in slopes),
-    )
-
-
-def _batch(d: Mapping[str, Any]) -> BatchMetadata:
-    """The batch of an attention operation (the :meth:`BatchMetadata.arrays` layout)."""
-    seq_lens = tuple(int(x) for x in d["seq_lens"])
-    num_seqs = len(seq_lens)
-    tables = [tuple(tuple(int(b) for b in row) for row in t[:num_seqs]) for t in d["group_tables"]]
-    slots = [tuple(int(s) for s in group) for group in d["group_slots"]]
-    return BatchMetadata(
-        block_size=int(d["block_size"]),
-        seq_ids=tuple(int(x) for x in d["seq_ids"]),
-        query_start_loc=tuple(int(x) for x in d["query_start_loc"]),
-        seq_lens=seq_lens,
-        block_tables=tables[0],
-        slot_mapping=slots[0],
-        positions=tuple(int(x) for x in d["positions"]),
-        copies=tuple((int(s), int(t)) for s, t in d["copies"]),
-        extra_groups=tuple(GroupLayout(t, s) for t, s in zip(tables[1:], slots[1:], strict=True)),
-    )
+    width = f"latent {g.latent_dim}+{g.rope_dim}" if g.is_latent else f"D={g.head_dim}"
+    return f"{g.dtype} B={g.block_size} H={heads}/{g.num_kv_heads} {width}{kv}"

@@ -16,12 +16,13 @@ the values it compares against:
   each value once however often the suite compares it.
 
 A new example starts at each ``create_cache``; a step at each
-``copy_blocks`` (the lockstep calls it once per step, first).
+``copy_blocks`` (the lockstep calls it once per step, first). Every geometry
+the reference backend runs is recorded, the latent layout too (format version
+2: its writes and reads hold rows, :func:`conformance.vectors.format.kv_shape`).
 """
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 from collections.abc import Sequence
@@ -35,13 +36,15 @@ from numpy.typing import NDArray
 from conformance.errors import SetupError
 from conformance.judges.dtypes import round_to
 from conformance.judges.numerics import LARGE_LOGITS, USUAL_SCALE, same_precision
-from conformance.lockstep.workload import scale_for
+from conformance.lockstep.workload import large_scale
+from conformance.reports.files import check_output_folder
 from conformance.run.control import RunControl
 from conformance.run.runner import PROFILES, run_suite
 from conformance.vectors.format import (
     ARRAYS,
     FORMAT,
     VERSION,
+    join_kv,
     save_array,
     tolerance,
     write_manifest,
@@ -51,6 +54,7 @@ from spec.attention_batched import paged_attention_batched
 from spec.backend import FloatArray, ReferenceBackend
 from spec.batch import BatchMetadata
 from spec.kv_geometry import KVGeometry
+from spec.quant import quantize, quantize_range
 
 
 @dataclass
@@ -99,6 +103,47 @@ class _Example:
         return name
 
 
+def unambiguous(x: FloatArray, scale: float, kv_dtype: str, dtype: str) -> FloatArray:
+    """``x`` with every value whose fp8 quotient lies within a compiled division's error of a
+    rounding boundary (two correct stored values: :func:`spec.quant.quantize_range`) moved,
+    in the activation dtype, toward the side the spec stores until only that side is correct.
+
+    The stored values, and so every expected output of the vector, are unchanged; and every
+    reader and backend must then store the same bytes, so a vector's KV is compared exactly.
+    The live suite draws such ties on purpose; a vector keeps them out of its data.
+
+    >>> x = np.array([1.8125 * 0.875, 1.0], dtype=np.float32)      # a tie, and a plain value
+    >>> unambiguous(x, 0.875, "fp8_e4m3", "float32").tolist()
+    [1.5859298706054688, 1.0]
+    >>> quantize(_, 0.875, "fp8_e4m3").tolist()                     # still the tie's even side
+    [1.75, 1.125]
+    """
+    out = np.array(x, dtype=np.float32)
+    nominal = quantize(out, scale, kv_dtype)
+    for _ in range(64):
+        low, high = quantize_range(out, scale, kv_dtype)
+        loose = low != high
+        if not loose.any():
+            return out
+        toward = np.where(nominal > out / np.float32(scale), 1.0, -1.0)
+        moved = out + toward * _step(out, dtype)  # exact in the dtype: one of its ulps or more
+        out = np.where(loose, round_to(moved, dtype), out).astype(np.float32)
+    raise AssertionError("internal error: a tie could not be moved off its boundary")
+
+
+def _step(x: NDArray[np.float32], dtype: str) -> NDArray[np.float64]:
+    """A move of ``x`` by one ulp of ``dtype`` (at least 64 float32 ulps: clear of 2 ulp)."""
+    ulp32 = np.spacing(np.abs(x)).astype(np.float64)
+    if dtype == "float16":
+        ulp = np.spacing(np.abs(x).astype(np.float16)).astype(np.float64)
+    elif dtype == "bfloat16":
+        ulp = ulp32 * 2.0**16
+    else:
+        ulp = ulp32
+    out: NDArray[np.float64] = np.maximum(ulp, 64 * ulp32)
+    return out
+
+
 class _Recorder(ReferenceBackend):
     """The reference backend, recording every call the lockstep makes into an example."""
 
@@ -123,12 +168,18 @@ class _Recorder(ReferenceBackend):
     ) -> None:
         super().write_kv(layer, key, value, slot_mapping)
         ex = self.current
+        g = ex.geometry
+        if g.kv_dtype is not None:  # the same bytes stored, and no tie left to either side
+            key, value = (
+                unambiguous(x, g.kv_scales[layer][which], g.kv_dtype, g.dtype)
+                for which, x in enumerate((key, value))
+            )
         op = {
             "op": "write_kv",
             "step": ex.step,
             "layer": layer,
             "slot_mapping": [int(s) for s in slot_mapping],
-            "kv": ex.array(np.stack([key, value])),
+            "kv": ex.array(join_kv(g, key, value)),  # latent: the rows, c_kv then k_rope
             "tokens": None,
         }
         ex.ops.append(op)
@@ -210,9 +261,8 @@ class _Recorder(ReferenceBackend):
                 rows_v.append(v[j][changed])
         op: dict[str, Any] = {"op": "read_kv", "step": ex.step, "layer": layer, "blocks": blocks}
         op["update_slots"] = slots
-        op["update"] = (
-            ex.array(np.stack([np.concatenate(rows_k), np.concatenate(rows_v)])) if slots else None
-        )
+        parts = (np.concatenate(rows_k), np.concatenate(rows_v)) if slots else None
+        op["update"] = None if parts is None else ex.array(join_kv(ex.geometry, *parts))
         ex.ops.append(op)
 
     def finish(self, profile: str, seed: int, passes: list[tuple[str, int]]) -> None:
@@ -229,7 +279,7 @@ class _Recorder(ReferenceBackend):
     def _manifests(self, profile: str, seed: int, passes: list[tuple[str, int]]) -> None:
         for i, ex in enumerate(self.examples):
             g = ex.geometry
-            large = ex.scale is not None and math.isclose(ex.scale, scale_for(g.head_dim, True))
+            large = ex.scale is not None and large_scale(ex.scale, g.head_dim)
             write_manifest(
                 ex.dir,
                 {
@@ -270,6 +320,7 @@ def export_vectors(
         raise SetupError(f"--profile {profile!r}: choose one of {', '.join(sorted(PROFILES))}")
     if examples is not None and examples < 1:
         raise SetupError(f"--examples must be at least 1, got {examples}")
+    out = check_output_folder(out, "--out")  # a link resolved once; a device or FIFO refused
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SetupError(f"--out {out}: exists and is not an empty directory; choose a new one")
     run_seed = random.randrange(2**32) if seed is None else seed

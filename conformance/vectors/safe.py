@@ -8,9 +8,12 @@ A vector directory may come from anywhere, so nothing in it is trusted:
 * a file's size is checked before it is read, and a file larger than its
   limit, or one that is not a regular file (``/dev/zero``, a FIFO), is
   refused without reading it (:func:`read_bounded`);
-* a manifest is strict JSON (RFC 8259): no ``NaN`` or ``Infinity``, no number
-  too large for a double, no duplicate key, nesting at most
-  :data:`MAX_DEPTH` deep (:func:`parse_json`).
+* a manifest is strict JSON (RFC 8259) in UTF-8: no ``NaN`` or ``Infinity``, no
+  number too large for a double or written in more than
+  :data:`MAX_NUMBER_CHARS` characters, no duplicate key, at most
+  :data:`MAX_MEMBERS` members an object, nesting at most :data:`MAX_DEPTH`
+  deep (:func:`parse_json`); an integer is one that fits in 64 bits (a larger
+  one reads as a number that is not an integer).
 
 Every refusal is a :class:`VectorError` (a setup
 error, exit status 2) naming the file and what is wrong.
@@ -37,6 +40,8 @@ from conformance.errors import SetupError
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_ARRAY_BYTES = 256 << 20
 MAX_DEPTH = 64
+MAX_MEMBERS = 256  # per object: a manifest's objects have at most a dozen
+MAX_NUMBER_CHARS = 63  # characters of one number, as written
 ARRAY_NAME = re.compile(r"arrays/[0-9]+\.npy")
 
 
@@ -93,13 +98,27 @@ def _constant(name: str) -> float:
 
 
 def _finite(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ValueError(f"a number of more than {MAX_NUMBER_CHARS} characters")
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"{text} is too large for a double")
     return value
 
 
+def _integer(text: str) -> int | float:
+    """An integer literal: an int when it fits in 64 bits (signed), else a number that is not
+    an integer (so a field that must be an integer refuses it, and one that takes any number
+    does not), as the C reader reads it."""
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ValueError(f"a number of more than {MAX_NUMBER_CHARS} characters")
+    value = int(text)
+    return value if -(1 << 63) <= value < 1 << 63 else _finite(text)
+
+
 def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    if len(pairs) > MAX_MEMBERS:
+        raise ValueError(f"an object of more than {MAX_MEMBERS} members")
     out: dict[str, object] = {}
     for key, value in pairs:
         if key in out:
@@ -115,6 +134,7 @@ def parse_json(data: bytes, where: str) -> object:
             data.decode("utf-8"),
             parse_constant=_constant,
             parse_float=_finite,
+            parse_int=_integer,
             object_pairs_hook=_object,
         )
     except RecursionError:

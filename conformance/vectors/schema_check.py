@@ -13,7 +13,7 @@ that ``jsonschema`` rejects what this rejects.
 >>> schema_error({"format": "paged-spec-vectors", "version": True})
 'example: missing'
 >>> schema_error([1])
-'manifest: [1] is not of type object'
+'manifest: [1] is not an object'
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ def _check(value: object, rule: Mapping[str, Any], root: Mapping[str, Any], at: 
             target = target[part]
         return _check(value, target, root, at)
     if "type" in rule and not _is(value, rule["type"]):
-        return f"{name}: {value!r} is not of type {rule['type']}"
+        return f"{name}: {value!r} is not {_TYPES[rule['type']]}"
     if "const" in rule and not _same(value, rule["const"]):
         return f"{name}: {value!r} is not {rule['const']!r}"
     if "enum" in rule and not any(_same(value, x) for x in rule["enum"]):
-        return f"{name}: {value!r} is not one of {rule['enum']!r}"
+        return f"{name}: {value!r} is not one of {', '.join(map(_json, rule['enum']))}"
     if "oneOf" in rule:
         return _one_of(value, rule["oneOf"], root, at)
     if isinstance(value, dict):
@@ -102,7 +102,51 @@ def _one_of(value: object, options: list[Any], root: Mapping[str, Any], at: str)
     named = [e for option, e in zip(options, errors, strict=True) if _named_by(value, option, root)]
     if named:  # the form whose constant fields (an operation's "op") the value has
         return named[0]
+    forms = [_form(option, root) for option in options]
+    said = list(dict.fromkeys(f for f in forms if f is not None))
+    if None not in forms:  # each form said in words ("null or an integer of at least 1")
+        return f"{at or 'manifest'}: {value!r} is not {' or '.join(said)}"
     return max((e for e in errors if e), key=lambda e: len(e.split(":")[0]))  # the deepest
+
+
+_TYPES = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
+    "boolean": "true or false",
+}
+
+
+def _json(value: object) -> str:
+    return json.dumps(value)
+
+
+def _form(rule: Mapping[str, Any], root: Mapping[str, Any]) -> str | None:
+    """A form of a ``oneOf`` in words (``None`` if it is not a simple one).
+
+    >>> _form({"type": "integer", "minimum": 1}, {})
+    'an integer of at least 1'
+    """
+    while "$ref" in rule:
+        target: Any = root
+        for part in str(rule["$ref"]).removeprefix("#/").split("/"):
+            target = target[part]
+        rule = target
+    kind = rule.get("type")
+    simple = {"type", "minimum", "exclusiveMinimum", "pattern", "description"}
+    if kind not in _TYPES or (kind not in ("array", "object") and set(rule) - simple):
+        return None
+    words = _TYPES[kind]
+    if "minimum" in rule:
+        words += f" of at least {rule['minimum']}"
+    if "exclusiveMinimum" in rule:
+        words += f" above {rule['exclusiveMinimum']}"
+    if "pattern" in rule:
+        words += " like " + rule["pattern"].strip("^$").replace("[0-9]+", "NNN").replace("\\.", ".")
+    return words
 
 
 def _named_by(value: object, option: Mapping[str, Any], root: Mapping[str, Any]) -> bool:

@@ -31,6 +31,22 @@ scheduled sequence's state once a step: ten 32,768-token sessions decode in
 >>> hybrid = MODEL_PRESETS["hybrid-27b"]
 >>> [round(step_seconds(gpu, hybrid, [(1, 32_768)] * n) * 1e3, 1) for n in (1, 10)]
 [11.8, 16.4]
+
+A DeepSeek-V3-shaped model keeps latent KV (multi-head latent attention),
+68.6 KiB a token: 64 decodes of 8,192 tokens read 36.8 GB of it a step, where
+8 grouped KV heads of 128 would read 131 GB. The absorbed form computes more
+per key (each of its 128 heads takes a 576-wide score and a 512-wide sum),
+which this clock counts too: the latent step is bound by arithmetic, at half
+the grouped step's time. Its weights are an assumption: the 37 GB of its 37B
+activated parameters in fp8, the least a step streams.
+
+>>> from dataclasses import replace
+>>> mla = MODEL_PRESETS["deepseek-v3"]
+>>> gqa = replace(mla, num_kv_heads=8, head_dim=128, latent_dim=None)
+>>> [round(64 * 8192 * m.kv_bytes_per_token / 1e9, 1) for m in (mla, gqa)]   # GB of KV read
+[36.8, 131.0]
+>>> [round(step_seconds(gpu, m, [(1, 8192)] * 64) * 1e3, 1) for m in (mla, gqa)]
+[17.3, 35.0]
 """
 
 from __future__ import annotations
@@ -38,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from spec.kv_budget import kv_bytes_per_token
+from spec.kv_budget import kv_bytes_per_token, latent_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -63,12 +79,24 @@ class ModelCost:
     head_dim: int
     dtype_bytes: int = 2
     state_bytes: int = 0  # a fixed-size state per sequence (linear-attention layers), float32
+    latent_dim: int | None = None  # latent KV (MLA): rows of head_dim, latent_dim of them c_kv
 
     @property
     def kv_bytes_per_token(self) -> int:
+        if self.latent_dim is not None:
+            rope = self.head_dim - self.latent_dim
+            return latent_bytes_per_token(self.num_layers, self.latent_dim, rope, self.dtype_bytes)
         return kv_bytes_per_token(
             self.num_layers, self.num_kv_heads, self.head_dim, self.dtype_bytes
         )
+
+    @property
+    def attention_flops_per_pair(self) -> int:
+        """FLOPs of one (query, visible key) pair over every layer and head: a multiply and an
+        add per score element (``head_dim``) and per value element (``head_dim``, or a latent
+        row's ``latent_dim``)."""
+        value_dim = self.head_dim if self.latent_dim is None else self.latent_dim
+        return 2 * self.num_layers * self.num_heads * (self.head_dim + value_dim)
 
 
 GPU_PRESETS = {"h200": Gpu("h200", hbm_bytes_per_s=4.8e12, flops_per_s=790e12)}
@@ -82,10 +110,18 @@ MODEL_PRESETS = {
         "hybrid-27b", weight_bytes=54e9, params=27e9, num_layers=16, num_heads=16,
         num_kv_heads=4, head_dim=256, state_bytes=144 * 2**20,
     ),
+    "deepseek-v3": ModelCost(
+        "deepseek-v3", weight_bytes=37e9, params=37e9, num_layers=61, num_heads=128,
+        num_kv_heads=1, head_dim=576, dtype_bytes=2, latent_dim=512,
+    ),
 }  # fmt: skip
 """Llama 3.1 8B, and a hybrid 27B: ``num_layers`` counts the layers that keep K
 and V (16; 64 KiB a token), ``state_bytes`` the other 48 layers' state; its 16 query heads
-are an assumption of this model (the worked example gives only the KV bill)."""
+are an assumption of this model (the worked example gives only the KV bill). ``deepseek-v3``
+keeps DeepSeek-V3's latent KV (61 layers of 512 + 64 in bf16, 128 query heads); its weights
+are the 37B activated parameters in fp8 (a real MoE step streams more experts as its batch
+grows, and the whole model spans several devices): the clock compares KV layouts, not the
+model's absolute speed."""
 
 
 def step_seconds(gpu: Gpu, model: ModelCost, work: Iterable[tuple[int, int]]) -> float:
@@ -94,8 +130,9 @@ def step_seconds(gpu: Gpu, model: ModelCost, work: Iterable[tuple[int, int]]) ->
 
     Bytes: weights, plus every context token's K/V read and every new token's K/V written,
     plus, with a fixed-size state, each sequence's state read and written once.
-    FLOPs: ``2 x params`` per new token, plus ``4 x layers x heads x head_dim`` per
-    (query, visible key) pair, plus ``4`` per state element per new token (a
+    FLOPs: ``2 x params`` per new token, plus :attr:`ModelCost.attention_flops_per_pair`
+    (``4 x layers x heads x head_dim`` with K and V of one width) per (query, visible key)
+    pair, plus ``4`` per state element per new token (a
     linear-attention layer reads and updates its whole state for each token).
     """
     tokens = kv_read = pairs = seqs = 0
@@ -111,8 +148,11 @@ def step_seconds(gpu: Gpu, model: ModelCost, work: Iterable[tuple[int, int]]) ->
         return 0.0
     bytes_moved = model.weight_bytes + (kv_read + tokens) * model.kv_bytes_per_token
     bytes_moved += 2 * seqs * model.state_bytes
-    attn = 4 * model.num_layers * model.num_heads * model.head_dim
-    flops = 2 * model.params * tokens + attn * pairs + 4 * tokens * model.state_bytes // 4
+    flops = (
+        2 * model.params * tokens
+        + model.attention_flops_per_pair * pairs
+        + 4 * tokens * model.state_bytes // 4
+    )
     return max(bytes_moved / gpu.hbm_bytes_per_s, flops / gpu.flops_per_s)
 
 

@@ -6,6 +6,7 @@ natural size, with 11-point text, so no tick is shrunk out of reach.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
+
+from conformance.reports.files import write_output
 
 COLORS = {
     "static": "tab:red",
@@ -49,13 +52,14 @@ WIDTH = 8.5  # inches: 850 pixels
 
 def draw_all(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write every figure of :data:`FIGURES` into ``out_dir``; return their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / name for name in FIGURES]
     with plt.rc_context({"font.size": 11, "axes.titlesize": 12, "legend.fontsize": 10}):
         for path, draw in zip(paths, (_rate_sweep, _kv_utilization, _membership), strict=True):
             fig = draw(results)
-            fig.savefig(path, dpi=DPI)
+            png = io.BytesIO()
+            fig.savefig(png, dpi=DPI, format="png")
             plt.close(fig)
+            write_output(path, png.getvalue())
     return paths
 
 

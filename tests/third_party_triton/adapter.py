@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,9 +48,20 @@ def _small_head_dim_needs_fp32(
 
 
 class TheirKernelsBackend:
-    """One K and one V cache per layer in the kernels' layout, run through their API."""
+    """One K and one V cache per layer in the kernels' layout, run through their API.
 
-    def __init__(self) -> None:
+    ``fast_fp32``: their float32 path at ``tl.dot``'s default precision (TF32 products);
+    ``declare_tf32``: say so in the capabilities (``products="tf32"``).
+    """
+
+    def __init__(
+        self,
+        fast_fp32: bool = False,
+        declare_tf32: bool = False,
+        launch: dict[str, Any] | None = None,
+    ) -> None:
+        self.fast_fp32, self.declare_tf32 = fast_fp32, declare_tf32
+        self.launch = dict(launch or {})  # Triton launch options for every kernel
         if not INTERPRETED and not torch.cuda.is_available():
             raise RuntimeError(
                 "no CUDA device: to run the kernels on CPU, set TRITON_INTERPRET=1 "
@@ -71,6 +83,7 @@ class TheirKernelsBackend:
             head_dims=frozenset(range(1, MAX_HEAD_DIM + 1)),
             max_query_len=1,  # decode only: the suite never hands it a prefill
             excludes=_small_head_dim_needs_fp32,
+            products="tf32" if self.declare_tf32 else "exact",
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
@@ -90,7 +103,7 @@ class TheirKernelsBackend:
         n = len(slot_mapping)  # rows past n are padding
         slots = torch.tensor(list(slot_mapping), dtype=torch.int32, device=self.device)
         k, v = self._tensor(key[:n]), self._tensor(value[:n])
-        store_kv(k, v, self.k[layer], self.v[layer], slots)
+        store_kv(k, v, self.k[layer], self.v[layer], slots, **self.launch)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         if copies:  # no copy kernel in their_kernels: a torch index copy
@@ -107,7 +120,10 @@ class TheirKernelsBackend:
         q = self._tensor(query[: batch.num_tokens])
         out = torch.empty_like(q)
         k, v = self.k[layer], self.v[layer]
-        paged_decode(out, q, k, v, arrays.block_tables, arrays.seq_lens, scale)
+        tables, lens = arrays.block_tables, arrays.seq_lens
+        paged_decode(
+            out, q, k, v, tables, lens, scale, fast_fp32=self.fast_fp32, **self.launch
+        )
         return self._numpy(out)
 
     def read_cache(self, layer: int) -> tuple[FloatArray, FloatArray]:
@@ -131,6 +147,16 @@ class TheirKernelsBackend:
 def make_backend() -> TheirKernelsBackend:
     """The factory: ``--backend tests/third_party_triton/adapter.py:make_backend``."""
     return TheirKernelsBackend()
+
+
+def make_fast_fp32_backend() -> TheirKernelsBackend:
+    """Their TF32 float32 path, undeclared: the suite fails it, naming TF32."""
+    return TheirKernelsBackend(fast_fp32=True)
+
+
+def make_declared_fast_fp32_backend() -> TheirKernelsBackend:
+    """Their TF32 float32 path, declared (``products="tf32"``): it passes."""
+    return TheirKernelsBackend(fast_fp32=True, declare_tf32=True)
 
 
 # --8<-- [end:adapter]

@@ -22,6 +22,8 @@ there). It has no block-copy kernel.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -139,8 +141,12 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
+    **launch: Any,
 ) -> None:
-    """Write ``key[i]``, ``value[i]`` (``[T, H_kv, D]``) into ``slots[i]``; -1 skips."""
+    """Write ``key[i]``, ``value[i]`` (``[T, H_kv, D]``) into ``slots[i]``; -1 skips.
+
+    ``launch``: Triton launch options (``num_warps=8``, ...), passed to the kernel.
+    """
     n = slots.numel()
     if n == 0:
         return
@@ -153,7 +159,7 @@ def store_kv(
     tokens = max(1, min(64, 4096 // _pow2(row)))  # a tile of at most 4096 elements
     _store_kv_kernel[(triton.cdiv(n, tokens),)](
         key, value, k_cache, v_cache, slots, n, key.stride(0), value.stride(0),
-        ROW=row, ROW_PAD=_pow2(row), TOKENS=tokens,
+        ROW=row, ROW_PAD=_pow2(row), TOKENS=tokens, **launch,
     )  # fmt: skip
 
 
@@ -165,8 +171,15 @@ def paged_decode(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    fast_fp32: bool = False,
+    **launch: Any,
 ) -> None:
-    """Decode attention: ``out[i]`` (``[num_seqs, H, D]``), sequence i's new token."""
+    """Decode attention: ``out[i]`` (``[num_seqs, H, D]``), sequence i's new token.
+
+    ``fast_fp32``: float32 products on the tensor cores at ``tl.dot``'s default
+    precision (TF32 on NVIDIA GPUs: operands keep 10 mantissa bits), not IEEE.
+    ``launch``: Triton launch options (``num_warps=8``, ...), passed to the kernel.
+    """
     num_seqs, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     assert page_size & (page_size - 1) == 0, "page_size must be a power of two"
@@ -183,5 +196,5 @@ def paged_decode(
         GROUP=group, GROUP_PAD=max(_MIN_DOT, _pow2(group)),
         HEAD_DIM=head_dim, HEAD_PAD=_pow2(head_dim),
         LOG2_PAGE=page_size.bit_length() - 1, TILE=max(64, page_size),
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32 and not fast_fp32, **launch,
     )  # fmt: skip

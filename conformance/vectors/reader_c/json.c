@@ -236,9 +236,39 @@ static jnode *value(parser *ps) {
     return NULL;
 }
 
+/* Whether len bytes are UTF-8 as RFC 3629 has it: no overlong form, no surrogate, nothing
+ * past U+10FFFF, no sequence cut short. Returns the offset of the first bad byte, or -1. */
+static long long utf8_error(const unsigned char *s, size_t len) {
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i], need, k;
+        unsigned long code;
+        if (c < 0x80) { i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) need = 1, code = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF) need = 2, code = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4) need = 3, code = c & 0x07;
+        else return (long long)i;
+        if (len - i <= need) return (long long)i;
+        for (k = 1; k <= need; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return (long long)i;
+            code = code << 6 | (s[i + k] & 0x3F);
+        }
+        if ((need == 2 && code < 0x800) || (need == 3 && code < 0x10000) || code > 0x10FFFF ||
+            (code >= 0xD800 && code <= 0xDFFF))
+            return (long long)i;
+        i += need + 1;
+    }
+    return -1;
+}
+
 jnode *json_parse(const char *text, size_t len, char *err, int errlen) {
     parser ps;
     jnode *root;
+    long long bad = utf8_error((const unsigned char *)text, len);
+    if (bad >= 0) {
+        snprintf(err, (size_t)errlen, "JSON: not UTF-8 at byte %lld", bad);
+        return NULL;
+    }
     ps.p = text;
     ps.end = text + len;
     ps.err = err;

@@ -1,4 +1,5 @@
-/* A strict JSON parser for test-vector manifests (RFC 8259): objects, arrays, strings,
+/* A strict JSON parser for test-vector manifests (RFC 8259) in UTF-8 (RFC 3629: the text
+ * is refused whole if any byte sequence is not): objects, arrays, strings,
  * numbers, true, false, null. Hardened for hostile input: the text is read within its
  * given length only, nesting is bounded (JSON_MAX_DEPTH), numbers follow the RFC grammar
  * (no inf, nan, hex, leading '+' or zeros) and must be finite as doubles, strings hold no

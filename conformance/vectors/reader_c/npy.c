@@ -10,39 +10,48 @@ static int refuse(char *err, int errlen, const char *what) {
     return -1;
 }
 
-/* The value text after key in the header dictionary, or NULL. */
-static const char *after(const char *header, const char *key) {
-    const char *s = strstr(header, key);
-    return s ? s + strlen(key) : NULL;
-}
-
-/* Parse "(d0, d1, ...)" with each d a decimal of at most 18 digits. */
-static int parse_shape(const char *s, array *a, char *err, int errlen) {
-    if (!s) return refuse(err, errlen, "no 'shape' in the .npy header");
-    while (*s == ' ') s++;
-    if (*s++ != '(') return refuse(err, errlen, "the .npy shape is not a tuple");
-    for (;;) {
+/* Parse "(" [dim (", " dim)* [","]] ")" with each dim as numpy writes it: no leading
+ * zero, at most 18 digits. Returns the text after ")", or NULL. */
+static const char *parse_shape(const char *s, array *a, char *err, int errlen) {
+    if (*s++ != '(') { refuse(err, errlen, "the .npy shape is not a tuple"); return NULL; }
+    while (*s != ')') {
         long long d = 0;
         int digits = 0;
-        while (*s == ' ') s++;
-        if (*s == ')') break;
+        if (a->ndim && *s == ',' && s[1] == ')') { s++; break; } /* "(5,)" */
+        if (a->ndim && (*s++ != ',' || *s++ != ' ')) { refuse(err, errlen, "a malformed .npy shape"); return NULL; }
+        if (*s == '0' && s[1] >= '0' && s[1] <= '9') { refuse(err, errlen, "a .npy dimension with a leading zero"); return NULL; }
         while (*s >= '0' && *s <= '9') {
-            if (++digits > 18) return refuse(err, errlen, "a .npy dimension is too large");
+            if (++digits > 18) { refuse(err, errlen, "a .npy dimension is too large"); return NULL; }
             d = d * 10 + (*s++ - '0');
         }
-        if (!digits) return refuse(err, errlen, "a .npy dimension is not a number");
-        if (a->ndim == NPY_MAX_DIMS) return refuse(err, errlen, "a .npy array of too many dimensions");
+        if (!digits) { refuse(err, errlen, "a .npy dimension is not a number"); return NULL; }
+        if (a->ndim == NPY_MAX_DIMS) { refuse(err, errlen, "a .npy array of too many dimensions"); return NULL; }
         a->shape[a->ndim++] = d;
-        while (*s == ' ') s++;
-        if (*s == ',') s++;
-        else if (*s != ')') return refuse(err, errlen, "a malformed .npy shape");
     }
+    return s + 1;
+}
+
+/* The header is the dictionary numpy writes, padded with spaces, then a newline:
+ * {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }    \n
+ * Sets *f4; 0, or -1 with a message. */
+static int parse_header(const char *h, int *f4, array *a, char *err, int errlen) {
+    static const char descr[] = "{'descr': '<f", order[] = "', 'fortran_order': False, 'shape': ";
+    if (strncmp(h, descr, sizeof descr - 1)) return refuse(err, errlen, "the .npy header is not numpy's dictionary");
+    h += sizeof descr - 1;
+    if (*h != '4' && *h != '8') return refuse(err, errlen, "the .npy dtype is not '<f4' or '<f8'");
+    *f4 = *h++ == '4';
+    if (strncmp(h, order, sizeof order - 1)) return refuse(err, errlen, "the .npy array is not in C order, or its header is not numpy's");
+    h = parse_shape(h + sizeof order - 1, a, err, errlen);
+    if (!h) return -1;
+    if (strncmp(h, ", }", 3)) return refuse(err, errlen, "the .npy header is not numpy's dictionary");
+    h += 3;
+    while (*h == ' ') h++;
+    if (h[0] != '\n' || h[1] != '\0') return refuse(err, errlen, "the .npy header does not end in spaces and a newline");
     return 0;
 }
 
 int npy_parse(const unsigned char *buf, size_t size, long long max_count, array *out, char *err, int errlen) {
     char header[65536 + 1];
-    const char *descr, *fortran;
     size_t hlen, body, item;
     long long count = 1, i;
     int k, f4;
@@ -55,16 +64,7 @@ int npy_parse(const unsigned char *buf, size_t size, long long max_count, array 
     memcpy(header, buf + 10, hlen);
     header[hlen] = '\0';
     if (strlen(header) != hlen) return refuse(err, errlen, "a NUL byte in the .npy header");
-    descr = after(header, "'descr':");
-    fortran = after(header, "'fortran_order':");
-    if (!descr || !fortran) return refuse(err, errlen, "the .npy header has no 'descr' or 'fortran_order'");
-    while (*descr == ' ') descr++;
-    if (!strncmp(descr, "'<f4'", 5)) f4 = 1;
-    else if (!strncmp(descr, "'<f8'", 5)) f4 = 0;
-    else return refuse(err, errlen, "the .npy dtype is not '<f4' or '<f8'");
-    while (*fortran == ' ') fortran++;
-    if (strncmp(fortran, "False", 5)) return refuse(err, errlen, "the .npy array is not in C order");
-    if (parse_shape(after(header, "'shape':"), &a, err, errlen)) return -1;
+    if (parse_header(header, &f4, &a, err, errlen)) return -1;
     for (k = 0; k < a.ndim; k++) { /* overflow-checked product, bounded by max_count */
         if (a.shape[k] != 0 && count > max_count / a.shape[k]) return refuse(err, errlen, "a .npy array of too many elements");
         count *= a.shape[k];
