@@ -122,6 +122,14 @@ def check_cache_pair(k_cache: object, v_cache: object) -> tuple[torch.Tensor, to
     return k, v
 
 
+def check_slot_range(slots: torch.Tensor, num_slots: int) -> None:
+    """Every slot is ``-1`` (padding) or in ``0..num_slots - 1``: a host check (a GPU sync)."""
+    bad = (slots != -1) & ((slots < 0) | (slots >= num_slots))
+    if bool(bad.any()):
+        first = int(slots[bad][0])
+        raise InvalidRequestError(f"slot {first} is outside 0..{num_slots - 1} (and is not -1)")
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= ``n`` (``tl.arange`` lengths must be powers of two).
 

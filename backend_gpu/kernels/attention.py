@@ -377,7 +377,7 @@ def paged_attention(
     q, k_cache, v_cache, qsl, lens, tables = _check_inputs(
         query, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     )
-    variant = _check_variant(window, softcap, sinks, alibi_slopes, k_scale, v_scale, q)
+    variant = _check_variant(window, softcap, sinks, alibi_slopes, q, k_scale, v_scale)
     num_seqs, (_, _, num_kv_heads, head_dim) = lens.shape[0], k_cache.shape
     if check_indices:
         true_max = _check_metadata(qsl, lens, tables, k_cache.shape, q.shape[0], window)
@@ -467,9 +467,9 @@ def _check_variant(
     softcap: float | None,
     sinks: torch.Tensor | None,
     alibi_slopes: torch.Tensor | None,
-    k_scale: float,
-    v_scale: float,
     q: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> _Variant:
     """The variant arguments, checked, with per-head tensors converted to log2 units."""
     per_head = []

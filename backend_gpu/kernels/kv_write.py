@@ -24,6 +24,7 @@ from backend_gpu.kernels._checks import (
     check_cache_pair,
     check_device,
     check_last_dim_dense,
+    check_slot_range,
     check_tensor,
     next_pow2,
 )
@@ -128,7 +129,7 @@ def reshape_and_cache(
     if not slots.is_contiguous():
         raise InvalidRequestError("slot_mapping must be contiguous")
     if check_slots and n:
-        _check_slot_range(slots, num_blocks * block_size)
+        check_slot_range(slots, num_blocks * block_size)
     if n == 0:
         return
     row_pad = next_pow2(num_kv_heads * head_dim)
@@ -155,10 +156,3 @@ def reshape_and_cache(
         BLOCK_T=block_t,
         **fp8,
     )
-
-
-def _check_slot_range(slots: torch.Tensor, num_slots: int) -> None:
-    bad = (slots != -1) & ((slots < 0) | (slots >= num_slots))
-    if bool(bad.any()):
-        first = int(slots[bad][0])
-        raise InvalidRequestError(f"slot {first} is outside 0..{num_slots - 1} (and is not -1)")

@@ -44,17 +44,18 @@ from backend_gpu.kernels._checks import (
 )
 from backend_gpu.kernels._fp8 import FP8_NAMES, as_bytes, fp8_constexprs
 from backend_gpu.kernels.attention import (  # the same rules as the ordinary kernel's
+    _LOG2E,
     _auto_splits,
     _check_metadata,
+    _check_variant,
     _tanh,
+    _Variant,
     _widen,
 )
 from backend_gpu.kernels.target import LaunchTarget, launch_target
 from spec.errors import InvalidRequestError
 from spec.kv_budget import cdiv
 from spec.validate import check_int, check_scale
-
-_LOG2E = 1.4426950408889634
 
 MAX_LATENT_DIM = 512
 """Widest latent part the kernel is built for: DeepSeek-V2/V3's ``kv_lora_rank``. A GPU
@@ -63,7 +64,8 @@ MAX_ROPE_DIM = 128
 """Widest rope part the kernel is built for (DeepSeek's is 64)."""
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+# Integers that vary per batch are not specialisations to compile (as in .attention).
+@triton.jit(do_not_specialize=["window", "num_q_tiles", "keys_per_split", "stride_bt"])  # type: ignore[untyped-decorator]
 def _latent_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     cache_ptr,
@@ -212,7 +214,7 @@ def _latent_kernel(  # type: ignore[no-untyped-def]
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])  # type: ignore[untyped-decorator]
 def _merge_kernel(  # type: ignore[no-untyped-def]
     part_ptr,
     lse_ptr,
@@ -354,16 +356,6 @@ def latent_plan(
     return LatentPlan(heads, block_q, block_n, num_splits, warps, stages, keys)
 
 
-@dataclass(frozen=True)
-class _Variant:
-    """A layer's variant as the kernel takes it: per-head tensors float32, in log2 units."""
-
-    window: int | None
-    softcap: float | None
-    sinks: torch.Tensor | None
-    alibi: torch.Tensor | None
-
-
 def paged_latent_attention(
     query: torch.Tensor,
     cache: torch.Tensor,
@@ -399,7 +391,7 @@ def paged_latent_attention(
         query, cache, query_start_loc, seq_lens, block_tables, latent_dim
     )
     scale = check_scale("scale", scale)
-    variant = _check_variant(window, softcap, sinks, alibi_slopes, q)
+    variant = _check_variant(window, softcap, sinks, alibi_slopes, q)  # its scales: kv_scale
     kv_scale = check_scale("kv_scale", kv_scale)
     num_seqs = lens.shape[0]
     if check_indices:
@@ -480,32 +472,6 @@ def _check_inputs(
     named = {"query": q, "query_start_loc": qsl, "seq_lens": lens, "block_tables": tables}
     check_device(cache.device, *named.items())
     return q, cache, qsl, lens, tables
-
-
-def _check_variant(
-    window: int | None,
-    softcap: float | None,
-    sinks: torch.Tensor | None,
-    alibi_slopes: torch.Tensor | None,
-    q: torch.Tensor,
-) -> _Variant:
-    per_head = []
-    for name, x in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
-        if x is not None:
-            x = check_tensor(name, x, 1, (torch.float32,))
-            if x.shape[0] != q.shape[1]:
-                raise InvalidRequestError(
-                    f"{name} has {x.shape[0]} entries, but there are {q.shape[1]} query heads"
-                )
-            check_device(q.device, (name, x))
-            x = x.contiguous() * _LOG2E
-        per_head.append(x)
-    return _Variant(
-        window=None if window is None else check_int("window", window, low=1),
-        softcap=None if softcap is None else check_scale("softcap", softcap),
-        sinks=per_head[0],
-        alibi=per_head[1],
-    )
 
 
 def _launch(

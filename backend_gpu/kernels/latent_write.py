@@ -22,6 +22,7 @@ from backend_gpu.kernels._checks import (
     check_contiguous,
     check_device,
     check_last_dim_dense,
+    check_slot_range,
     check_tensor,
     next_pow2,
 )
@@ -31,7 +32,8 @@ from spec.errors import InvalidRequestError
 from spec.validate import check_scale
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+# The token count varies with every write: not a specialisation to compile (as in .kv_write).
+@triton.jit(do_not_specialize=["num_tokens"])  # type: ignore[untyped-decorator]
 def _latent_write_kernel(  # type: ignore[no-untyped-def]
     c_kv_ptr,
     k_rope_ptr,
@@ -111,18 +113,14 @@ def write_latent(
     if not slots.is_contiguous():
         raise InvalidRequestError("slot_mapping must be contiguous")
     if check_slots and n:
-        bad = (slots != -1) & ((slots < 0) | (slots >= num_blocks * block_size))
-        if bool(bad.any()):
-            raise InvalidRequestError(
-                f"slot {int(slots[bad][0])} is outside 0..{num_blocks * block_size - 1} "
-                "(and is not -1)"
-            )
+        check_slot_range(slots, num_blocks * block_size)
     if n == 0:
         return
     row_pad = next_pow2(width)
-    # A GPU's plan: about 4K elements per program; the interpreter's own: few fat programs.
+    # A GPU's plan: about 4K elements per program; the interpreter's own: few fat programs. The
+    # tile does not follow the token count, which would make a kernel per power of two.
     per_program = 4096 if launch_target(cache.device).gpu else 1 << 16
-    block_t = max(1, min(next_pow2(n), per_program // row_pad))
+    block_t = max(1, per_program // row_pad)
     _latent_write_kernel[(triton.cdiv(n, block_t),)](
         parts[0], parts[1], as_bytes(cache), slots, n, parts[0].stride(0), parts[1].stride(0),
         scale, LATENT=latent, ROPE=rope, ROW_PAD=row_pad, BLOCK_T=block_t, **fp8,
