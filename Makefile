@@ -1,4 +1,4 @@
-# Two entry points, both self-contained on a fresh machine:
+# Two entry points; each sets up its own .venv (make test also needs npm and Chromium: README):
 #   make test         - virtual environment, install with test extras, lint, type-check, all tests
 #   make conformance  - the conformance suite on the default backend (Triton; interpreter on CPU)
 PYTHON ?= python3

@@ -6,7 +6,9 @@ none is found and it runs as root (``make test`` does this: the sandbox page's
 test needs a browser). The browser is driven through its DevTools protocol over
 a pipe (``--remote-debugging-pipe``), so no Python package and no port is needed;
 every read of the pipe has a deadline, so a hung page fails a test instead of
-hanging it. Used by ``docs_tools.screenshots`` and ``docs_tools.sandbox_check``.
+hanging it. Every request a page and its workers make is recorded, and none
+reaches another machine (a local proxy refuses them all). Used by
+``docs_tools.screenshots`` and ``docs_tools.sandbox_check``.
 """
 
 from __future__ import annotations
@@ -114,6 +116,44 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class Refuse:
+    """A proxy on a free local port that answers every request with 403, and notes it.
+
+    The browser sends every request for another machine here (``--proxy-server``;
+    loopback addresses bypass a proxy), so such a request fails at once instead of
+    waiting on a network that may drop it, and the driven pages see the same thing on
+    any machine. ``refused`` lists them (``CONNECT host:443`` for HTTPS): a page's, and
+    the browser's own background ones too, so a test asks :meth:`Browser.requests`
+    what a page fetched.
+    """
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+        handler = functools.partial(_RefusingHandler, seen=self.refused)
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _RefusingHandler(http.server.BaseHTTPRequestHandler):
+    def __init__(self, *args: Any, seen: list[str], **kwargs: Any) -> None:
+        self._seen = seen  # before the base class, which handles the request at once
+        super().__init__(*args, **kwargs)
+
+    def _refuse(self) -> None:
+        self._seen.append(f"{self.command} {self.path}")
+        self.send_error(403, "refused: the docs fetch nothing from outside the machine")
+
+    do_GET = do_POST = do_HEAD = do_CONNECT = do_OPTIONS = _refuse
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 class BrowserError(RuntimeError):
     """The browser answered a command with an error, closed its pipe, or took too long."""
 
@@ -125,6 +165,7 @@ class Browser:
         # The browser reads commands on fd 3 and writes replies on fd 4. Our ends are
         # moved above 10 first, so that placing them on 3 and 4 cannot clobber each other.
         self.timeout = timeout
+        self.proxy = Refuse()
         to_browser_r, to_browser_w = os.pipe()
         from_browser_r, from_browser_w = os.pipe()
         child_r = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)
@@ -134,6 +175,7 @@ class Browser:
         args = [
             binary,
             *FLAGS,
+            "--proxy-server=http://" + self.proxy.address,
             "--remote-debugging-pipe",
             "--user-data-dir=" + str(profile),
             "about:blank",
@@ -163,21 +205,25 @@ class Browser:
         ]
         self.call("Page.enable", session=True)
         self.call("Runtime.enable", session=True)
+        self.call("Network.enable", session=True)  # every request the page makes: requests()
+        # and its workers' (the search index, Python): each waits to start until it is watched
+        self.call(
+            "Target.setAutoAttach",
+            session=True,
+            autoAttach=True,
+            waitForDebuggerOnStart=True,
+            flatten=True,
+        )
 
     def call(
         self, method: str, *, session: bool = False, timeout: float | None = None, **params: Any
     ) -> dict[str, Any]:
         """Send one command and wait for its reply; events in between are kept in ``events``."""
-        self._next_id += 1
-        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
-        if session:
-            msg["sessionId"] = self.session
-        self._out.write(json.dumps(msg).encode() + b"\0")
-        self._out.flush()
+        sent = self._send(method, self.session if session else None, params)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             reply = self._read(deadline, method)
-            if reply.get("id") == self._next_id:
+            if reply.get("id") == sent:
                 if "error" in reply:
                     raise BrowserError(f"{method}: {reply['error']}")
                 result: dict[str, Any] = reply.get("result", {})
@@ -195,6 +241,25 @@ class Browser:
             if "method" in event:
                 self.events.append(event)
 
+    def _send(self, method: str, session: str | None, params: dict[str, Any]) -> int:
+        """Write one command to the browser; its id, which its reply will carry."""
+        self._next_id += 1
+        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        if session is not None:
+            msg["sessionId"] = session
+        self._out.write(json.dumps(msg).encode() + b"\0")
+        self._out.flush()
+        return self._next_id
+
+    def _watch_worker(self, event: dict[str, Any]) -> None:
+        """A worker the page started waits, paused, until its requests are watched too.
+
+        Its replies are not awaited: they arrive among the events, and ``call`` skips them.
+        """
+        session = event["params"]["sessionId"]
+        self._send("Network.enable", session, {})
+        self._send("Runtime.runIfWaitingForDebugger", session, {})
+
     def _read(self, deadline: float, waiting_for: str) -> dict[str, Any]:
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
@@ -206,6 +271,8 @@ class Browser:
             self._buffer += chunk
         raw, self._buffer = self._buffer.split(b"\0", 1)
         message: dict[str, Any] = json.loads(raw)
+        if message.get("method") == "Target.attachedToTarget":
+            self._watch_worker(message)
         return message
 
     def open(self, url: str, width: int, height: int = 900) -> None:
@@ -258,6 +325,18 @@ class Browser:
         write_output(path, base64.b64decode(shot["data"]))  # the one rule for an output path
         return int(clip["width"]), int(clip["height"])
 
+    def refused(self) -> list[str]:
+        """Every request for another machine, from the page, its workers or the browser."""
+        return list(self.proxy.refused)
+
+    def requests(self) -> list[str]:
+        """The URL of every request the page has made since it was opened, in order."""
+        return [
+            str(event["params"]["request"]["url"])
+            for event in self.events
+            if event.get("method") == "Network.requestWillBeSent"
+        ]
+
     def console_errors(self) -> list[str]:
         """Uncaught exceptions and ``console.error`` lines seen so far on the page."""
         out = []
@@ -282,6 +361,7 @@ class Browser:
             self.proc.wait()
         self._out.close()
         os.close(self._in)
+        self.proxy.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from docs_tools.browser import NO_BROWSER, Browser, Serve, build_site, find_browser
 
@@ -54,7 +55,11 @@ _CELL = 'document.querySelector(".sandbox-cell[data-cell=" + JSON.stringify({nam
 _RUN_JS = """(async () => {{
   const cell = {cell};
   const runs = cell.dataset.runs;
-  if ({code} !== null) cell.querySelector("textarea").value = {code};
+  if ({code} !== null) {{
+    const editor = cell.querySelector("textarea");
+    editor.value = {code};
+    editor.dispatchEvent(new Event("input"));  // as typing does: the colours follow
+  }}
   cell.querySelector("button.sandbox-run").click();
   {wait}
 }})()"""
@@ -65,8 +70,11 @@ _WAIT_JS = """const t0 = performance.now();
     await new Promise((r) => setTimeout(r, 25));
   }}"""
 
-_READ_JS = """(() => {{
+# Read after the next two frames, as a reader would: a redraw scheduled for a frame has happened.
+_READ_JS = """(async () => {{
   const cell = {cell};
+  const frame = () => new Promise((r) => requestAnimationFrame(r));
+  await Promise.race([frame().then(frame), new Promise((r) => setTimeout(r, 500))]);
   const error = cell.querySelector(".sandbox-error");
   const printed = [...cell.querySelector(".sandbox-output").childNodes]
     .filter((n) => n.nodeType === Node.TEXT_NODE).map((n) => n.textContent).join("");
@@ -81,12 +89,53 @@ _READ_JS = """(() => {{
 }})()"""
 
 
+_COLOURS_JS = """(() => {{
+  const code = {cell}.querySelector(".sandbox-layer pre");
+  if (!code) return [];
+  return [...code.childNodes].map((n) => [n.nodeType === Node.TEXT_NODE ? "" : n.className,
+                                           n.textContent]);
+}})()"""
+
+_BOXES_JS = """(() => {{
+  const cell = {cell};
+  const props = ["font-family", "font-size", "line-height", "letter-spacing", "tab-size",
+                 "padding-top", "padding-left", "border-top-width", "border-left-width",
+                 "white-space"];
+  const box = (el) => {{
+    if (!el) return {{}};
+    const s = getComputedStyle(el), r = el.getBoundingClientRect();
+    const out = Object.fromEntries(props.map((p) => [p, s.getPropertyValue(p)]));
+    out.left = String(r.left);  // the layer may be wider: it holds the longest line whole
+    out.top = String(r.top);
+    return out;
+  }};
+  return {{editor: box(cell.querySelector("textarea")),
+           layer: box(cell.querySelector(".sandbox-layer pre"))}};
+}})()"""
+
+_SHOWN_JS = """(() => {
+  let smallest = Infinity, where = "";
+  for (const svg of document.querySelectorAll(".sandbox-picture svg")) {
+    const scale = svg.getBoundingClientRect().width / svg.width.baseVal.value;
+    for (const t of svg.querySelectorAll("text")) {
+      const px = Number(t.getAttribute("font-size")) * scale;
+      if (px < smallest) { smallest = px; where = t.textContent; }
+    }
+  }
+  return {smallest, where, page: document.documentElement.scrollWidth, window: innerWidth};
+})()"""
+
+
 class SandboxPage:
     """The sandbox page open in a browser tab."""
 
-    def __init__(self, browser: Browser, server: Serve) -> None:
-        self.browser, self.server = browser, server
-        browser.open(server.url + PAGE, width=1100)
+    def __init__(self, browser: Browser, server: Serve, site: Path, width: int = 1100) -> None:
+        self.browser, self.server, self.site = browser, server, site
+        self.reopen(width)
+
+    def reopen(self, width: int) -> None:
+        """Load the page afresh in a ``width`` CSS pixels wide window (390: a phone)."""
+        self.browser.open(self.server.url + PAGE, width=width)
 
     def wait_ready(self, timeout: float = 120) -> float:
         """Wait until Python has loaded; the seconds it took, as the page measured them."""
@@ -106,6 +155,38 @@ class SandboxPage:
             raise RuntimeError(f"Python did not load in the page: {state[1]}")
         return float(state[2])
 
+    def restart_seconds(self) -> float:
+        """From the last Stop to Python ready again, as the page measured it (0: never)."""
+        got = self.browser.evaluate(
+            'document.querySelector("#sandbox-status").dataset.restartSeconds'
+        )
+        return float(got or 0)
+
+    def quiet(self) -> None:
+        """Stop every cell that runs or waits, and wait until Python is ready."""
+        self.browser.evaluate(
+            """document.querySelectorAll(".sandbox-cell").forEach((c) => {
+                 const stop = c.querySelector("button.sandbox-stop");
+                 if (stop && !stop.disabled) stop.click();
+               })"""
+        )
+        self.wait_ready()
+
+    def colours(self, name: str) -> list[tuple[str, str]]:
+        """The editor's coloured text: (class, text) pieces in order ('' where uncoloured)."""
+        got = self.browser.evaluate(_COLOURS_JS.format(cell=_CELL.format(name=json.dumps(name))))
+        return [(str(c), str(t)) for c, t in got]
+
+    def editor_boxes(self, name: str) -> dict[str, dict[str, str]]:
+        """Computed type and box of the editor and of the coloured text under it."""
+        got = self.browser.evaluate(_BOXES_JS.format(cell=_CELL.format(name=json.dumps(name))))
+        return {str(k): {str(p): str(v) for p, v in d.items()} for k, d in got.items()}
+
+    def pictures_as_shown(self) -> dict[str, Any]:
+        """The smallest text in the pictures as drawn (CSS px), and the page's own width."""
+        got: dict[str, Any] = self.browser.evaluate(_SHOWN_JS)
+        return got
+
     def status(self) -> str:
         return str(self.browser.evaluate('document.querySelector("#sandbox-status").textContent'))
 
@@ -122,9 +203,9 @@ class SandboxPage:
         self.browser.evaluate(self._run_js(name, code, wait), timeout=timeout + 10)
         return self.read(name)
 
-    def start(self, name: str) -> None:
-        """Press Run and return at once."""
-        self.browser.evaluate(self._run_js(name, None, ""))
+    def start(self, name: str, code: str | None = None) -> None:
+        """Press Run (on ``code``, typed in first, if given) and return at once."""
+        self.browser.evaluate(self._run_js(name, code, ""))
 
     def wait_printed(self, name: str, text: str, timeout: float = 60) -> str:
         """Wait until the running cell has printed ``text``; what it printed so far."""
@@ -186,13 +267,15 @@ class SandboxPage:
 
 
 @contextmanager
-def open_page(browser_bin: str, work: Path) -> Iterator[SandboxPage]:
-    """Build the site into ``work``, serve it, and open the sandbox page."""
-    build_site(work / "site")
-    server = Serve(work / "site")
+def open_page(browser_bin: str, work: Path, site: Path | None = None) -> Iterator[SandboxPage]:
+    """Serve ``site`` (built into ``work`` first when not given) and open the sandbox page."""
+    if site is None:
+        site = work / "site"
+        build_site(site)
+    server = Serve(site)
     browser = Browser(browser_bin, work / "profile")
     try:
-        yield SandboxPage(browser, server)
+        yield SandboxPage(browser, server, site)
     finally:
         browser.close()
         server.close()
@@ -216,9 +299,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 page.wait_printed(name, "rounds")
                 run = page.stop(name)
                 page.wait_ready()
+                print(
+                    f"== {name}: stopped after {run.seconds:.2f} s; Python ready again "
+                    f"{page.restart_seconds():.2f} s after Stop"
+                )
             else:
                 run = page.run(name)
-            print(f"== {name}: {run.state} in {run.seconds:.2f} s, {len(run.pictures)} pictures")
+                print(
+                    f"== {name}: {run.state} in {run.seconds:.2f} s, {len(run.pictures)} pictures"
+                )
             print(run.printed + run.error)
             if args.screenshots and name in SCREENSHOTS:
                 args.screenshots.mkdir(parents=True, exist_ok=True)

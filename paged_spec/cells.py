@@ -6,7 +6,8 @@ namespace, so every cell stands alone; what it prints goes to standard output as
 it runs (the page streams it under the cell); an exception ends the cell and
 comes back as Python would print it, with only the cell's own lines in the
 traceback, so the reader sees the spec's own message; each :func:`show` draws a
-block manager's tables and pool, and the page redraws its picture from them.
+block manager's tables and pool, and the page redraws its picture from them. A
+cell has no keyboard: ``input()`` prints its prompt and raises ``EOFError``, saying so.
 
 >>> r = run('''
 ... from spec.block_manager import BlockManager
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 import linecache
+import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -39,9 +41,13 @@ from paged_spec.svg import capture, draw_memory
 from spec.block_manager import BlockManager
 from spec.validate import check_instance, check_str
 
-__all__ = ["CELL", "Result", "run", "run_json", "show"]
+__all__ = ["CELL", "NO_INPUT", "Result", "run", "run_json", "show"]
 
 CELL = "<cell>"  # the file name a cell's code runs under, as its tracebacks show it
+NO_INPUT = (
+    "input() has nothing to read here: a cell runs without a keyboard. "
+    "Put the value in the code instead."
+)
 
 _pictures: list[str] = []  # what show() drew since the current cell started
 
@@ -83,12 +89,26 @@ def run(code: str) -> Result:
     _pictures.clear()
     lines = code.splitlines(keepends=True)
     linecache.cache[CELL] = (len(code), None, lines, CELL)  # tracebacks quote the cell's lines
-    namespace: dict[str, object] = {"__name__": "__main__"}
+    namespace: dict[str, object] = {"__name__": "__main__", "input": _no_input}
     try:
         exec(compile(code, CELL, "exec"), namespace)
-    except (Exception, SystemExit) as e:
+    except BaseException as e:  # KeyboardInterrupt too: whatever the cell raises ends the cell
         return Result(_describe(e), tuple(_pictures))
+    finally:
+        sys.stdout.flush()  # a last line without its newline belongs to this cell
+        sys.stderr.flush()
     return Result("", tuple(_pictures))
+
+
+def _no_input(prompt: object = "") -> str:
+    """A cell's ``input()``: the prompt is shown, and the end of input comes at once.
+
+    The page has no standard input to read (Pyodide's would fail with an ``OSError``);
+    ``EOFError`` is what ``input()`` raises at the end of input, so code that expects it
+    still works.
+    """
+    print(prompt, end="", flush=True)
+    raise EOFError(NO_INPUT)
 
 
 def run_json(code: str) -> str:

@@ -230,6 +230,7 @@ def capture(
 
 CELL = 22  # one token slot, when slots are drawn one by one
 BAR = 96  # one block as a fill bar, when blocks are large
+STRIP = 7  # the height of a large block's fill, under its count
 GAP = 10
 
 
@@ -241,12 +242,12 @@ def _draw_slots(svg: Svg, x: float, y: float, tokens: Sequence[int], b: int, kin
     """A block's ``b`` slots: token ids in the filled ones, or a fill bar for large blocks."""
     fill, stroke = COLORS[kind]
     used = b if kind == "other" else len(tokens)  # another sequence's block: drawn full, grey
-    if b > 8:
+    if b > 8:  # the count on white above a strip that fills: no edge runs through a digit
         svg.rect(x, y, BAR, CELL, fill="#ffffff", stroke=stroke)
         if used:
-            svg.rect(x, y, BAR * used / b, CELL, fill=fill, stroke=stroke)
+            svg.rect(x, y + CELL - STRIP, BAR * used / b, STRIP, fill=fill, stroke=stroke)
         if tokens:
-            svg.text(x + BAR / 2, y + CELL / 2, f"{len(tokens)}/{b} slots", size=11)
+            svg.text(x + BAR / 2, y + (CELL - STRIP) / 2 + 1, f"{len(tokens)}/{b} slots", size=11)
         return
     for i in range(b):
         svg.rect(x + i * CELL, y, CELL, CELL, fill=fill if i < used else "#ffffff", stroke=stroke)

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
@@ -177,3 +178,72 @@ print(json.dumps([got, "numpy" in sys.modules, [p for p in sys.path if "site-pac
     for name, code in codes.items():
         printed, result = run_printed(code)
         assert got[name] == [printed, result.error.splitlines()[-1:], list(result.pictures)], name
+
+
+NO_INPUT = (
+    "EOFError: input() has nothing to read here: a cell runs without a keyboard. "
+    "Put the value in the code instead."
+)
+
+
+def test_input_shows_its_prompt_and_says_there_is_no_keyboard() -> None:
+    """A cell has no standard input: input() prints its prompt, then says so in our words."""
+    printed, result = run_printed('name = input("your name? ")')
+    assert printed == "your name? "
+    assert result.error.endswith(NO_INPUT), result.error
+    assert 'File "<cell>", line 1' in result.error and "cells.py" not in result.error
+    printed, result = run_printed("try:\n    input()\nexcept EOFError:\n    print('no input')")
+    assert (printed, result.error) == ("no input\n", "")  # the usual end of input, caught
+
+
+def test_a_keyboard_interrupt_is_the_cells_own() -> None:
+    """Every exception a cell raises, KeyboardInterrupt too, ends the cell, not the runner."""
+    try:
+        result = run("raise KeyboardInterrupt")
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt left paged_spec.cells.run, with the runner's frames")
+    assert result.error.endswith("KeyboardInterrupt"), result.error
+    assert 'File "<cell>", line 1' in result.error and "cells.py" not in result.error
+
+
+def _texts_and_fills(
+    svg: str,
+) -> tuple[list[tuple[float, float, float, str]], list[tuple[float, float, float]]]:
+    """The picture's texts (x, y, size, text), and its slot fills' right edges (x, top, bottom)."""
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [
+        (float(t.get("x", 0)), float(t.get("y", 0)), float(t.get("font-size", 0)), t.text or "")
+        for t in root.iter(ns + "text")
+    ]
+    edges = []
+    for r in root.iter(ns + "rect"):
+        if r.get("fill") in ("#ffffff", "#f9fafb", None) or r.get("width") == "100%":
+            continue  # a white box, a table entry, the background: no fill
+        top = float(r.get("y", 0))
+        edges.append(
+            (float(r.get("x", 0)) + float(r.get("width", 0)), top, top + float(r.get("height", 0)))
+        )
+    return texts, edges
+
+
+@pytest.mark.parametrize("used", range(1, 17))
+def test_a_large_blocks_count_is_never_crossed_by_its_fill(used: int) -> None:
+    """A block of more than 8 slots is a bar that fills as it holds tokens; the edge of the
+    fill never runs through its "N/B slots" count (DejaVu Sans: under 0.62 em a character)."""
+    m = BlockManager(2, 16)
+    m.add_sequence(0, [])
+    m.append_slots(0, [7] * used)
+    paged_spec.cells._pictures.clear()
+    show(m)
+    texts, edges = _texts_and_fills(paged_spec.cells._pictures[0])
+    counts = [(x, y, size, s) for x, y, size, s in texts if s.endswith("/16 slots")]
+    assert len(counts) == 2  # the sequence's block and the same block in the pool
+    for x, y, size, s in counts:
+        half = 0.62 * size * len(s) / 2
+        crossing = [
+            e
+            for e, top, bottom in edges
+            if x - half - 1 <= e <= x + half + 1 and top <= y <= bottom
+        ]
+        assert crossing == [], f"the fill's edge at x={crossing} runs through {s!r} at {y}"

@@ -8,7 +8,12 @@
 //               {type: "done", id, error, pictures}         the cell finished (see paged_spec/cells.py)
 //
 // Everything comes from this site: the runtime from ./pyodide/ (copied in by the docs
-// build, docs_tools/sandbox_site.py) and the spec from ./spec.zip.
+// build, docs_tools/sandbox_site.py) and the spec from ./spec.zip; packages too, were a
+// cell to ask Pyodide for one (packageBaseUrl: no package server elsewhere is asked).
+//
+// What Python writes reaches the page as it is written, a line without its newline too:
+// nothing is kept back here, so the end of a run (when Python flushes its own buffers)
+// leaves nothing for the next cell. Standard input is at its end: there is no keyboard.
 
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 
@@ -36,14 +41,28 @@ function forward(text, force = false) {
   }
 }
 
+/** A stream for Python's output: its bytes, decoded as they come, forwarded to the page. */
+function writer() {
+  const decoder = new TextDecoder(); // one per stream: a character may come in two writes
+  return {
+    write: (buffer) => {
+      forward(decoder.decode(buffer, { stream: true }));
+      return buffer.length;
+    },
+  };
+}
+
 async function start() {
   const t0 = performance.now();
+  const here = new URL("./pyodide/", import.meta.url).href;
   const py = await loadPyodide({
-    indexURL: new URL("./pyodide/", import.meta.url).href,
+    indexURL: here,
+    packageBaseUrl: here,
     stdout: () => {}, // the start-up banner, if any
   });
-  py.setStdout({ batched: (line) => forward(line + "\n") });
-  py.setStderr({ batched: (line) => forward(line + "\n") });
+  py.setStdout(writer());
+  py.setStderr(writer());
+  py.setStdin({ stdin: () => null }); // at its end: input() and sys.stdin.read() find nothing
   const zip = await fetch(new URL("./spec.zip", import.meta.url), { cache: "no-cache" });
   if (!zip.ok) throw new Error(`spec.zip: HTTP ${zip.status}`);
   py.unpackArchive(await zip.arrayBuffer(), "zip", { extractDir: "/home/pyodide/site" });
