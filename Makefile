@@ -12,10 +12,10 @@ JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0
 
 .PHONY: venv test lint typecheck pytest conformance docs clean sandbox-deps
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' -c constraints.txt
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -28,17 +28,18 @@ import torch
 import backend_gpu  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines first)
 from backend_gpu._cache import Returned, TorchCacheBackend
 from backend_gpu.kernels import copy_blocks, paged_attention, reshape_and_cache
-from backend_gpu.kernels.attention import MAX_HEAD_DIM
+from backend_gpu.kernels.attention import MAX_HEAD_DIM, split_rule
 from backend_gpu.kernels.latent_attention import (
     MAX_LATENT_DIM,
     MAX_ROPE_DIM,
     paged_latent_attention,
 )
 from backend_gpu.kernels.latent_write import write_latent
+from backend_gpu.kernels.target import launch_target
 from spec.attention import VARIANTS, AttentionVariant
 from spec.backend import FloatArray
 from spec.batch import BatchArrays, BatchMetadata
-from spec.capabilities import Capabilities
+from spec.capabilities import Capabilities, DecodeSplit
 from spec.errors import ArgumentTypeError, InvalidRequestError
 from spec.kv_geometry import DTYPES, KV_DTYPES, KVGeometry
 
@@ -56,12 +57,29 @@ def _latent_too_wide(geometry: KVGeometry, num_heads: int, variant: object) -> s
     )
 
 
+def _decode_split(device: torch.device) -> DecodeSplit:
+    """The kernels' split rule on ``device`` (:func:`~backend_gpu.kernels.attention.split_rule`),
+    as the suite reads it: the launch plan of the GPU, or of the one the interpreter plays."""
+    target = launch_target(device)
+    rule = split_rule(target)
+    where = target.name
+    if target.num_sms is not None:
+        where += f", while a call has under {2 * target.num_sms} programs"
+    return DecodeSplit(rule.min_keys, rule.part_keys, rule.max_parts, note=where)
+
+
 class TritonBackend(TorchCacheBackend):
     """Paged KV memory and unified paged attention on Triton kernels.
 
     ``num_splits`` forces the attention kernel's split-KV path (``> 1``) or the
     single pass (``1``); ``None`` lets its heuristic choose.
     """
+
+    # The kernels' entry points, as attributes: a backend on another build of one of them (a
+    # planted bug's copy, conformance.planted.kernel_bugs) replaces just that one.
+    _paged_attention = staticmethod(paged_attention)
+    _latent_attention = staticmethod(paged_latent_attention)
+    _write_latent = staticmethod(write_latent)
 
     def __init__(
         self,
@@ -90,6 +108,7 @@ class TritonBackend(TorchCacheBackend):
             latent=None,  # any (latent_dim, rope_dim) the kernels are built for:
             excludes=_latent_too_wide,
             tensors=self.tensors,
+            decode_split=None if self.num_splits is not None else _decode_split(self.device),
         )
 
     def create_cache(self, geometry: KVGeometry) -> None:
@@ -113,7 +132,9 @@ class TritonBackend(TorchCacheBackend):
         k, v, slots, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
         k_scale, v_scale = self._mem().scales(layer)
         if self._mem().rows:  # latent: one row [c_kv, k_rope] a token, one scale
-            write_latent(k, v, self._mem().rows[layer], slots, check_slots=False, scale=k_scale)
+            self._write_latent(
+                k, v, self._mem().rows[layer], slots, check_slots=False, scale=k_scale
+            )
             return
         reshape_and_cache(
             k, v, k_cache, v_cache, slots, check_slots=False, k_scale=k_scale, v_scale=v_scale
@@ -150,7 +171,7 @@ class TritonBackend(TorchCacheBackend):
         k_scale, v_scale = self._mem().scales(layer)
         if self._mem().rows:
             return self._returned(
-                paged_latent_attention(
+                self._latent_attention(
                     q[: batch.num_tokens],
                     self._mem().rows[layer],
                     qsl,
@@ -168,7 +189,7 @@ class TritonBackend(TorchCacheBackend):
                     kv_scale=k_scale,
                 )
             )
-        out = paged_attention(
+        out = self._paged_attention(
             q[: batch.num_tokens],
             k_cache,
             v_cache,

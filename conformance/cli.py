@@ -36,6 +36,7 @@ from conformance.reports.files import prepare, setup_errors_reported
 from conformance.reports.report import text_report, write_json, write_junit
 from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
+    POISON_MODES,
     RunControl,
     argument_type,
     at_least,
@@ -176,6 +177,7 @@ def _control(args: argparse.Namespace) -> RunControl:
         reference_memory=args.reference_memory,
         envelope=args.envelope,
         envelope_scale=args.scale,
+        poison=args.poison,
     )
 
 
@@ -358,6 +360,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="check every memory access of the backend's Triton kernels under TRITON_INTERPRET "
         "(default: outside the launch's tensors; strict: block-table padding reads too); "
         "see docs/bounds-checking.md",
+    )
+    run.add_argument(
+        "--poison",
+        choices=POISON_MODES,
+        default="nan",
+        help="what the slots no live token owns hold: nan (NaN and infinities, the default: a "
+        "kernel that reads one, even to multiply it by zero, fails), finite (large finite "
+        "values: such reads are not judged for NaN, and the verdict says so), off",
     )
     run.add_argument(
         "--reference-memory",

@@ -30,6 +30,7 @@ from conformance.run.control import (
     RunControl,
     at_least,
     bounds_mode,
+    poison_mode,
     seconds,
     timeout_seconds,
 )
@@ -208,6 +209,7 @@ def _control(config: pytest.Config, opt: _Options) -> RunControl:
         time_budget_s=opt.get("time_budget", seconds),
         call_timeout_s=DEFAULT_CALL_TIMEOUT_S if timeout is None else timeout or None,
         check_bounds=None if bounds is None else opt.get("check_bounds", bounds_mode),
+        poison=opt.get("poison", poison_mode) or "nan",
     )
 
 

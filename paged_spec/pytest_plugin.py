@@ -33,6 +33,12 @@ _OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("time-budget", "SECONDS", "stop drawing new examples after this long"),
     ("shrink-time", "SECONDS", "stop minimising a failing workload after this long"),
     ("call-timeout", "SECONDS", "a backend call taking longer is a hang (default 120; 0: none)"),
+    (
+        "poison",
+        "{nan,finite,off}",
+        "what slots no live token owns hold (default nan; finite: reads of them are not "
+        "judged for NaN, and the verdict says so)",
+    ),
     ("report", "FILE.json", "write the lockstep run's JSON report"),
     ("junit", "FILE.xml", "write the lockstep run's JUnit XML report"),
     ("shard", "K/N", "run shard K of N of the examples (a CI matrix job; needs --paged-seed)"),

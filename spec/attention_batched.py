@@ -291,6 +291,10 @@ def _attend_batch(
     elif p.round_p is None and p.round_dot is None:
         weights /= total
         mixed = weights.reshape(s, h_kv, -1, t) @ v
+    elif p.p_normalised:  # an eager softmax: P normalised, rounded, then P @ V
+        assert p.round_p is not None and p.round_dot is None, "normalised P is rounded alone"
+        weights /= total
+        mixed = p.round_p(weights).astype(dt).reshape(s, h_kv, -1, t) @ v
     else:  # as a kernel: the unnormalised P rounded, then divided by its unrounded sum
         pr = weights if p.round_p is None else p.round_p(weights).astype(dt)
         if p.round_dot is not None:

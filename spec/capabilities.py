@@ -39,7 +39,7 @@ TENSOR_KINDS = ("numpy", "torch")
 backend's device (the device-resident contract: see :class:`spec.backend.Backend`)."""
 
 
-PRODUCTS = ("exact", "tf32", "activation", "fp8")
+PRODUCTS = ("exact", "tf32", "activation", "fp8", "normalised")
 """How a backend's attention rounds its products, as it may declare (:attr:`Capabilities.products`).
 
 * ``exact``: every product exact and summed in float32 (a float32 ``tl.dot``
@@ -53,11 +53,68 @@ PRODUCTS = ("exact", "tf32", "activation", "fp8")
   unchanged.
 * ``fp8``: Q and the probabilities cast to the cache's fp8 dtype before the
   products (an fp8 cache's tensor-core path); unquantized caches unchanged.
+* ``normalised``: the probabilities divided by their sum first, then rounded
+  to the activation dtype before ``P @ V`` (an eager softmax followed by a
+  matrix product, as PyTorch's FlexAttention runs on a CPU); float32 unchanged.
 
 The suite judges a backend beside a same-precision reference that rounds as
 declared, and says so; undeclared, such a kernel fails, with the rounding
 named among the report's hypotheses.
 """
+
+
+@dataclass(frozen=True)
+class DecodeSplit:
+    """When a backend's decode splits its keys into parts (split-KV, flash-decoding), as its
+    launch plan decides: declared so that the suite can reach each part of the plan.
+
+    * ``min_keys``: a decode-only call of one sequence whose visible context
+      (its keys, or its window's) reaches this many keys is split into two
+      parts or more; a decode of fewer keys never is.
+    * ``part_keys``: a part holds at most about this many keys when programs
+      are few, so a lone decode of ``k`` keys runs ``ceil(k / part_keys)``
+      parts, up to ``max_parts``.
+    * ``note``: the plan in a few words, as reports quote it.
+
+    >>> DecodeSplit(1024, 512, 64).parts_at(4097)
+    9
+    """
+
+    min_keys: int  # a lone decode of this many visible keys or more is split
+    part_keys: int  # keys a part holds at most, when programs are few
+    max_parts: int  # parts a decode is split into at most
+    note: str = ""  # the plan in a few words (the target, its program budget)
+
+    def __post_init__(self) -> None:
+        for name in ("min_keys", "part_keys", "max_parts"):
+            check_positive(f"capabilities.decode_split.{name}", getattr(self, name))
+        if self.max_parts < 2:
+            raise ArgumentValueError(
+                f"capabilities.decode_split.max_parts is {self.max_parts}: a split has 2 parts "
+                "or more (declare decode_split=None for a kernel that never splits)"
+            )
+        if not isinstance(self.note, str):
+            raise ArgumentTypeError(f"capabilities.decode_split.note must be a str: {self.note!r}")
+
+    def parts_at(self, keys: int) -> int:
+        """Parts of a lone decode of ``keys`` visible keys (1: a single pass)."""
+        if keys < self.min_keys:
+            return 1
+        return max(2, min(self.max_parts, -(-keys // self.part_keys)))
+
+    def keys_for(self, parts: int) -> int:
+        """The fewest visible keys of a lone decode split into ``parts`` parts or more."""
+        assert 2 <= parts <= self.max_parts, "a split into more parts than the plan allows"
+        return max(self.min_keys, (parts - 1) * self.part_keys + 1)
+
+    def describe(self) -> str:
+        """The plan in words: ``splits a decode from 1,024 keys, 512 keys a part, up to 64``."""
+        words = (
+            f"splits a decode from {self.min_keys:,} keys, {self.part_keys:,} keys a part, "
+            f"up to {self.max_parts} parts"
+        )
+        return f"{words} ({self.note})" if self.note else words
+
 
 Excludes = Callable[[KVGeometry, int, AttentionVariant | None], str | None]
 """A backend's own rule for combinations it cannot run: geometry, query heads and a layer's
@@ -105,7 +162,12 @@ class Capabilities:
     * ``products``: how attention rounds its products, one of :data:`PRODUCTS`
       (``"exact"``, the default; ``"tf32"``; ``"activation"``; ``"fp8"``). A
       declaration that contradicts the dtypes (``tf32`` without float32,
-      ``activation`` with float32 alone, ``fp8`` without an fp8 cache) is refused.
+      ``activation`` or ``normalised`` with float32 alone, ``fp8`` without an fp8 cache)
+      is refused.
+    * ``decode_split``: when the kernel splits a decode's keys into parts
+      (:class:`DecodeSplit`), so that the suite draws decodes that reach every
+      part of the plan (``None``: not declared; the suite then draws by its own
+      guess, and reports what it observes).
     * ``tensors``: ``"numpy"`` (the default contract) or ``"torch"``.
     * ``table_width``: block tables at least this many entries wide, as an
       engine's persistent table is (``None``: exactly as wide as the batch's
@@ -137,6 +199,7 @@ class Capabilities:
     variants: AbstractSet[str] = frozenset()  # of spec.attention.VARIANTS
     latent: AbstractSet[tuple[int, int]] | None = frozenset()  # (latent, rope) pairs; None: any
     products: str = "exact"  # how attention rounds its products: one of PRODUCTS
+    decode_split: DecodeSplit | None = None  # when a decode splits its keys; None: undeclared
     tensors: str = "numpy"  # "numpy" (the default contract) or "torch"
     table_width: int | None = None  # block tables padded to at least this width; None: exact
     excludes: Excludes | None = field(default=None, compare=False, repr=False)  # its own veto
@@ -175,6 +238,11 @@ class Capabilities:
         contradiction = _products_contradict(self.products, self.dtypes, self.kv_dtypes)
         if contradiction:
             raise ArgumentValueError(f"capabilities.products={self.products!r} {contradiction}")
+        if self.decode_split is not None and not isinstance(self.decode_split, DecodeSplit):
+            raise ArgumentTypeError(
+                "capabilities.decode_split must be a DecodeSplit or None, got "
+                f"{self.decode_split!r}"
+            )
         if self.excludes is not None and not callable(self.excludes):
             raise ArgumentTypeError("capabilities.excludes must be callable or None")
 
@@ -258,8 +326,8 @@ def _products_contradict(
     """
     if products == "tf32" and "float32" not in dtypes:
         return "rounds float32 products, but float32 is not among the dtypes"
-    if products == "activation" and not dtypes - {"float32"}:
-        return "rounds products to a float16 or bfloat16 activation, but no such dtype is declared"
+    if products in ("activation", "normalised") and not dtypes - {"float32"}:
+        return "rounds to a float16 or bfloat16 activation, but no such dtype is declared"
     if products == "fp8" and not kv_dtypes:
         return "casts to the fp8 cache dtype, but no kv_dtypes are declared"
     return None

@@ -38,7 +38,8 @@ class Precision:
     cache dequantized to the activation dtype); ``round_p`` to the
     *unnormalised* probabilities ``exp(s - max)`` before ``P @ V``, as a
     half-precision kernel does, which then divides by their (unrounded)
-    float32 sum.
+    float32 sum; with ``p_normalised``, ``round_p`` rounds the *normalised*
+    probabilities instead (an eager softmax followed by a matrix product).
 
     What a kernel's products round, where it declares so
     (:attr:`spec.capabilities.Capabilities.products`): ``round_dot`` is applied
@@ -61,6 +62,7 @@ class Precision:
     round_dot: Callable[[F64], F64] | None = None  # every product's operands (TF32)
     round_q: Callable[[F64], F64] | None = None  # the query, before Q @ K
     round_qk_products: Callable[[F64], F64] | None = None  # each q_d * k_d, before the sum
+    p_normalised: bool = False  # round_p rounds P / sum(P), not exp(s - max)
     p_error: tuple[float, float] | None = None  # (relative, absolute): the spread, not the output
 
     def __post_init__(self) -> None:

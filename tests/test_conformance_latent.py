@@ -31,7 +31,7 @@ from conformance.lockstep.workload import (
     WorkloadConfig,
     nope_dims,
 )
-from conformance.run.causes import cause_of, excluding
+from conformance.run.causes import excluding, from_replays
 from conformance.run.runner import run_suite
 from spec.attention_batched import paged_attention_batched as spec_attention
 from spec.backend import ReferenceBackend
@@ -67,14 +67,28 @@ def test_latent_is_drawn_only_where_declared_and_as_declared() -> None:
     assert plain.latent == () and LATENT not in [p.feature for p in plain.passes()]
 
 
-def test_the_device_envelope_runs_deepseek_v3s_layout_as_a_production_shape() -> None:
+def test_both_envelopes_run_deepseek_v3s_layout_as_a_production_shape() -> None:
     device = plan_for(LATENT_CAPS, device="cuda:0")
     assert (512, 64) in device.latent and (512, 64) in DEVICE.latent
     shapes = [p.shape for p in device.passes() if p.kind == "production"]
     latent = [s for s in shapes if s is not None and s.latent_dim is not None]
     assert [s.describe() for s in latent] == ["latent 512+64, 128 query heads, block size 64"]
-    cpu = [p.shape for p in plan_for(LATENT_CAPS).passes() if p.kind == "production"]
-    assert all(s is not None and s.latent_dim is None for s in cpu)  # the interpreter's cost
+    # on the CPU too (every head tile of a GPU's plan), two sequences wide: each query token
+    # costs eight interpreted programs; the other passes draw small latent layouts only
+    cpu = plan_for(LATENT_CAPS)
+    assert (512, 64) not in cpu.latent
+    plans = [p for p in cpu.passes() if p.kind == "production"]
+    latent_cpu = [p for p in plans if p.shape is not None and p.shape.latent_dim is not None]
+    assert [p.shape.describe() for p in latent_cpu if p.shape] == [
+        "latent 512+64, 128 query heads, block size 16"
+    ]
+    assert latent_cpu[0].widths == (2,)
+    # a backend that declares only small layouts gets the nearest of them
+    small = plan_for(Capabilities("x", latent={(32, 16)}))
+    shapes = [p.shape for p in small.passes() if p.kind == "production"]
+    assert [s.describe() for s in shapes if s is not None and s.latent_dim] == [
+        "latent 32+16, 128 query heads, block size 16"
+    ]
 
 
 def test_a_layout_the_backend_vetoes_is_left_out_and_named() -> None:
@@ -246,8 +260,8 @@ def test_the_device_contract_names_the_latent_part_of_a_wrong_read() -> None:
 def test_a_latent_failure_is_excluded_by_its_layout_and_the_latent_passes_then_draw_nothing() -> (
     None
 ):
-    cause = cause_of(latent_config(kv_dtype="fp8_e4m3"), layer=0)
-    assert cause.describe() == "KV layout latent"
+    cause = from_replays([("layout", "latent")], None)  # it passed as per-head K and V
+    assert cause.describe() == "the latent layout (the workload passes without it)"
     caps = excluding(LATENT_CAPS, [cause])
     assert caps.unsupported(latent_config().geometry, 4)
     assert not caps.unsupported(KVGeometry(1, 4, 4, 2, 8), 4)
@@ -262,13 +276,13 @@ def test_the_latent_passes_reach_every_path_and_the_report_lists_them() -> None:
     result = run_suite(NumpyPagedBackend(latent=None), "numpy-latent", run_seed=7, database=None,
                        passes=["feature"])  # fmt: skip
     assert result.passed, result.difference and result.difference.describe()
-    cov = result.stats.coverage
+    cov = result.stats.coverage.paths
     for feature in ("latent", "fp8+latent"):
         for path in ("single-pass decode", "split-KV decode", "prefill", "mixed"):
             assert cov.pairs[(feature, path)], (feature, path)
     assert cov.pairs[("latent+cached context", "prefill")]
     assert cov.pairs[("latent+cached context", "mixed")]
-    lines = cov.describe()
+    lines = result.stats.coverage.describe()
     assert any(
         line.startswith("KV layouts: per-head K and V; latent (c_kv + k_rope)") for line in lines
     )

@@ -16,7 +16,7 @@ def test_the_constructed_passes_reach_every_reachable_pair() -> None:
     result = run_suite(NumpyPagedBackend(), "numpy", run_seed=5, database=None,
                        passes=_CONSTRUCTED)  # fmt: skip
     assert result.passed
-    cov = result.stats.coverage
+    cov = result.stats.coverage.paths
     missing = [p for p in cov.planned if not cov.pairs[p]]
     assert missing == [p for p in cov.planned if p in cov.unreachable]
     for v in VARIANTS:
@@ -24,8 +24,11 @@ def test_the_constructed_passes_reach_every_reachable_pair() -> None:
             assert cov.pairs[(v, path)] and cov.pairs[(f"fp8+{v}", path)], (v, path)
     assert cov.pairs[("alibi+sinks", "split-KV decode")]
     assert cov.pairs[("large pool+cached context", "prefill")]
-    lines = cov.describe()
+    lines = result.stats.coverage.describe()
     assert any(line.startswith("feature x path pairs reached: ") for line in lines)
+    # the numpy backend names no path and launches no kernel: its counts are the plan's, said so
+    assert cov.known_by == {"plan": sum(cov.known_by.values())}
+    assert any("the suite's plan, not observed" in line for line in lines)
 
 
 def test_capabilities_that_rule_a_path_out_are_named() -> None:

@@ -56,14 +56,15 @@ def test_exact_products_change_nothing_and_the_others_round_as_named(
 ) -> None:
     """The same-precision reference of each declaration, against the definition: exact and fp8
     (on an unquantized cache) are the honest kernel's; tf32 changes nothing in half precision;
-    activation moves the outputs by the products' rounding."""
+    activation moves the outputs by the products' rounding, normalised by the probabilities'
+    (rounded after the division by their sum, not before)."""
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((n, 1, 16)) for n in (4, 32, 32))
     pos = np.arange(28, 32)
     honest = attend_at_precision(q, k, v, pos, 0.5, precision=same_precision(dtype, False))
     declared = same_precision(dtype, False, products, kv_dtype=None)
     got = attend_at_precision(q, k, v, pos, 0.5, precision=declared)
-    if products == "activation":
+    if products in ("activation", "normalised"):
         assert not np.array_equal(got, honest)
         assert np.abs(got - attend(q, k, v, pos, 0.5)).max() < 0.1
     else:

@@ -12,6 +12,7 @@ import pytest
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.backends import PLANTED
 from conformance.planted.hidden import PLANTED_HIDDEN
+from conformance.planted.kernel_bugs import PLANTED_KERNELS
 from conformance.planted.kernels import PLANTED_BOUNDS
 from conformance.planted.schedulers import PLANTED as SCHEDULER_BUGS
 
@@ -28,8 +29,10 @@ def test_selftest_catches_every_planted_bug_and_exits_0() -> None:
         timeout=900,  # a hang guard; the selftest takes about 1.5 min of CPU
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    total = len(PLANTED) + len(PLANTED_HIDDEN)
+    total = len(PLANTED) + len(PLANTED_HIDDEN) + len(PLANTED_KERNELS)
     assert f"caught {total}/{total}" in done.stdout
+    for label in PLANTED_KERNELS:  # in the real kernels, on the paths only the H200 plan runs
+        assert f"  caught  {label} (a real kernel)\n          in pass " in done.stdout
     assert "MISSED" not in done.stdout and "false alarm" not in done.stdout
     assert "correct backend numpy: passes" in done.stdout
     assert "correct backend numpy-latent: passes" in done.stdout

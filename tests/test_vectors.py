@@ -57,9 +57,9 @@ def test_vectors_and_the_live_suite_judge_the_same_outputs(exported: Exported) -
     # the widest steps and the largest offset (shapes differ: an example that ran no
     # attention has no GQA ratio in its vector)
     # (the KV cache groups line counts the spec memory's releases: a replay has no memory)
-    # (pairs of features and kernel paths are planned by the live run, not by a replay)
+    # (kernel paths and their pairs with features are the live run's, not a replay's)
     live_lines = [x for x in live.stats.coverage.describe() if not x.startswith("KV cache groups")]
-    pairs = next(i for i, x in enumerate(live_lines) if x.startswith("feature x path pairs"))
+    pairs = next(i for i, x in enumerate(live_lines) if x.startswith("kernel paths of "))
     assert replayed.stats.coverage.describe()[3:] == live_lines[3:pairs]
 
 

@@ -660,12 +660,37 @@ def _plan(
     return _Plan(block_q, block_n, num_splits, warps, stages, keys)
 
 
+@dataclass(frozen=True)
+class SplitRule:
+    """When a plan splits a decode's keys: from ``min_keys`` visible keys, about ``part_keys``
+    keys a part, at most ``max_parts`` parts; on a GPU only while the call's programs
+    (sequences x KV heads, or x head tiles) are fewer than twice the SMs."""
+
+    min_keys: int
+    part_keys: int
+    max_parts: int
+
+
+def split_rule(target: LaunchTarget) -> SplitRule:
+    """The split rule of ``target``'s plans (both attention kernels follow it).
+
+    >>> from backend_gpu.kernels.target import FAT_PROGRAMS, H200
+    >>> split_rule(H200), split_rule(FAT_PROGRAMS).min_keys
+    (SplitRule(min_keys=1024, part_keys=512, max_parts=64), 256)
+    """
+    return SplitRule(1024, 512, 64) if target.gpu else SplitRule(256, 128, 4)
+
+
 def _auto_splits(programs: int, rows: int, max_keys: int, target: LaunchTarget) -> int:
-    if target.num_sms is None:
-        return 1 if rows > 16 or max_keys < 256 else min(4, cdiv(max_keys, 128))
-    if rows > 16 or max_keys < 1024 or programs >= 2 * target.num_sms:
+    rule = split_rule(target)
+    if rows > 16 or max_keys < rule.min_keys:
         return 1
-    return max(1, min(cdiv(2 * target.num_sms, programs), cdiv(max_keys, 512), 64))
+    if target.num_sms is None:
+        return min(rule.max_parts, cdiv(max_keys, rule.part_keys))
+    if programs >= 2 * target.num_sms:
+        return 1
+    fill = cdiv(2 * target.num_sms, programs)  # parts enough to fill the SMs twice over
+    return max(1, min(fill, cdiv(max_keys, rule.part_keys), rule.max_parts))
 
 
 def _check_metadata(

@@ -212,8 +212,9 @@ def first_output_difference(
     here = float(ulps[row, head].max())
     if poison is not None and not np.isfinite(actual[row, head]).all():
         detail = (
-            f"the output is not finite: the kernel reads a slot no token owns (poisoned with "
-            f"{poison}), even if only to multiply it by zero"
+            f"the output is not finite where the reference is, in an example whose slots no "
+            f"token owns hold {poison} (as a kernel that reads one, even to multiply it by "
+            "zero, gives)"
         )
     else:
         detail = (

@@ -22,9 +22,10 @@ largest KV element offset: 2147483653 (past 2^31: yes)
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+from conformance.judges.paths import PathCoverage
 
 INT32_LIMIT = 2**31
 
@@ -57,52 +58,7 @@ class Coverage:
     group_layouts: set[str] = field(default_factory=set)  # their groups, as reports name them
     released_entries: int = 0  # block-table entries that sliding windows released
     released_rows: int = 0  # batch table rows handed over with released entries
-    pairs: Counter[tuple[str, str]] = field(default_factory=Counter)  # (feature, path): calls
-    reported: Counter[tuple[str, str]] = field(default_factory=Counter)  # (feature, its name)
-    planned: tuple[tuple[str, str], ...] = ()  # the pairs that matter (set by the run)
-    unreachable: dict[tuple[str, str], str] = field(default_factory=dict)  # pair -> why
-    split_keys: int = 256  # a decode of this much visible context counts as split-KV
-
-    def plan_pairs(
-        self, planned: list[tuple[str, str]], unreachable: dict[tuple[str, str], str], split: int
-    ) -> None:
-        """The pairs the run must reach, and why the capabilities rule some out."""
-        self.planned, self.unreachable, self.split_keys = tuple(planned), dict(unreachable), split
-
-    def note_pairs(self, features: set[str], path: str, reported: str | None) -> None:
-        """One attention call: each of its features with its path (and the backend's name)."""
-        for f in features:
-            self.pairs[(f, path)] += 1
-            if reported:
-                self.reported[(f, reported)] += 1
-
-    def describe_pairs(self) -> list[str]:
-        """Pair coverage: how many of the pairs that matter were reached, each one's calls,
-        and every one not reached with why.
-
-        >>> cov = Coverage()
-        >>> cov.plan_pairs([("sinks", "prefill"), ("sinks", "mixed")], {}, 256)
-        >>> cov.note_pairs({"sinks"}, "prefill", None)
-        >>> print("\\n".join(cov.describe_pairs()))
-        feature x path pairs reached: 1 of 2
-          sinks: prefill 1
-          not reached: sinks x mixed (no call of this run combined them)
-        """
-        if not self.planned:
-            return []
-        reached = [p for p in self.planned if self.pairs[p]]
-        lines = [f"feature x path pairs reached: {len(reached)} of {len(self.planned)}"]
-        for feature in dict.fromkeys(f for f, _ in self.planned):
-            got = [f"{p} {self.pairs[(f, p)]}" for f, p in reached if f == feature]
-            named = sorted({n for f, n in self.reported if f == feature})
-            extra = f" (backend paths: {', '.join(named)})" if named else ""
-            if got:
-                lines.append(f"  {feature}: {', '.join(got)}{extra}")
-        for pair in self.planned:
-            if not self.pairs[pair]:
-                why = self.unreachable.get(pair, "no call of this run combined them")
-                lines.append(f"  not reached: {pair[0]} x {pair[1]} ({why})")
-        return lines
+    paths: PathCoverage = field(default_factory=PathCoverage)  # kernel paths met, observed
 
     def note_shape(
         self,
@@ -155,7 +111,7 @@ class Coverage:
         >>> a.widest_step, a.widest_decodes, a.widest_mixed, a.max_offset
         (5, 5, (2, 1), 10)
         """
-        mine, theirs = self.planned, other.planned
+        mine, theirs = self.paths.planned, other.paths.planned
         assert not mine or not theirs or mine == theirs, "parts of different runs"
         self.head_dims |= other.head_dims
         self.block_sizes |= other.block_sizes
@@ -173,10 +129,7 @@ class Coverage:
         self.group_examples += other.group_examples
         self.released_entries += other.released_entries
         self.released_rows += other.released_rows
-        self.pairs.update(other.pairs)
-        self.reported.update(other.reported)
-        if not self.planned:
-            self.plan_pairs(list(other.planned), other.unreachable, other.split_keys)
+        self.paths.add(other.paths)
 
     def describe(self) -> list[str]:
         odd_d = {d for d in self.head_dims if not _pow2(d)}
@@ -197,7 +150,7 @@ class Coverage:
             f"{self.widest_mixed[1]} prefill chunks",
             f"largest KV element offset: {self.max_offset} (past 2^31: {past})",
             *self._describe_groups(),
-            *self.describe_pairs(),
+            *self.paths.describe(),
         ]
 
     def _describe_layouts(self) -> str:
@@ -249,16 +202,7 @@ class Coverage:
             },
             "max_kv_element_offset": self.max_offset,
             "past_int32": self.max_offset >= INT32_LIMIT,
-            "pairs": {
-                "planned": len(self.planned),
-                "reached": [[*p, self.pairs[p]] for p in self.planned if self.pairs[p]],
-                "not_reached": [
-                    [*p, self.unreachable.get(p, "no call of this run combined them")]
-                    for p in self.planned
-                    if not self.pairs[p]
-                ],
-                "backend_paths": [[f, n, c] for (f, n), c in sorted(self.reported.items())],
-            },
+            "pairs": self.paths.to_json(),
             "kv_groups": {
                 "examples": self.group_examples,
                 "layouts": sorted(self.group_layouts),

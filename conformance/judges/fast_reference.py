@@ -111,7 +111,8 @@ class DevicePrecision:
     kernel declaring ``"fp8"`` products). The declared products
     (:data:`spec.capabilities.PRODUCTS`): ``tf32`` truncates both operands of
     both products to TF32; ``round_q`` rounds the query (to an fp8 format);
-    ``round_qk_products`` each ``q_d * k_d`` before the score's sum.
+    ``round_qk_products`` each ``q_d * k_d`` before the score's sum; ``p_normalised``:
+    ``round_p`` rounds the normalised probabilities (``"normalised"`` products).
     """
 
     compute: str = "float64"
@@ -120,6 +121,7 @@ class DevicePrecision:
     tf32: bool = False
     round_q: str | None = None
     round_qk_products: str | None = None
+    p_normalised: bool = False
 
     def __post_init__(self) -> None:
         check_choice("compute", self.compute, ("float64", "float32"))
@@ -143,7 +145,7 @@ def same_precision(
 
     >>> same_precision("float16", quantized_kv=True)  # doctest: +NORMALIZE_WHITESPACE
     DevicePrecision(compute='float32', round_kv='float16', round_p='float16', tf32=False,
-                    round_q=None, round_qk_products=None)
+                    round_q=None, round_qk_products=None, p_normalised=False)
     """
     dtype = check_choice("dtype", dtype, ROUNDING_DTYPES)
     fp8 = kv_dtype if products == "fp8" else None
@@ -154,6 +156,7 @@ def same_precision(
         tf32=products == "tf32" and dtype == "float32",
         round_q=fp8,
         round_qk_products=dtype if products == "activation" and dtype != "float32" else None,
+        p_normalised=products == "normalised" and dtype != "float32",
     )
 
 
@@ -496,6 +499,8 @@ class _Launcher:
         num_tiles = -(-span // k_tile)
         if num_tiles == 1:
             mixed = self._one_tile(ctx)
+        elif self.precision.p_normalised:
+            mixed = self._normalised(ctx, num_tiles)
         elif self.precision.round_p is None and not self.precision.tf32:
             mixed = self._online(ctx, num_tiles)
         else:
@@ -514,7 +519,30 @@ class _Launcher:
         v = self._gather(self.v_flat, ctx, kpos, valid, 1)
         if self.precision.round_p is None and not self.precision.tf32:
             return p.div_(total).view(ctx.s, self.shape.kv_heads, -1, ctx.k_tile) @ v
+        if self.precision.p_normalised:
+            return self._mix(p.div_(total), v, ctx)
         return self._mix(p, v, ctx) / total.view(ctx.s, self.shape.kv_heads, -1, 1)
+
+    def _normalised(self, ctx: _Tile, num_tiles: int) -> Any:
+        """An eager softmax over several tiles: each row's maximum, then its sum, then ``P @ V``
+        with the normalised probabilities rounded (``"normalised"`` products)."""
+        t = self.t
+        top = None
+        for j in range(num_tiles):
+            tile_max = self._scores(ctx, j)[0].amax(dim=-1, keepdim=True)
+            top = tile_max if top is None else t.maximum(top, tile_max)
+        top = self._top(top)
+        total = t.zeros_like(top)
+        for j in range(num_tiles):
+            total += self._scores(ctx, j)[0].sub_(top).exp_().sum(dim=-1, keepdim=True)
+        total = self._with_sink(total, top)
+        acc = None
+        for j in range(num_tiles):
+            scores, kpos, valid = self._scores(ctx, j)
+            p = scores.sub_(top).exp_().div_(total)
+            part = self._mix(p, self._gather(self.v_flat, ctx, kpos, valid, 1), ctx)
+            acc = part if acc is None else acc.add_(part)
+        return acc
 
     def _two_passes(self, ctx: _Tile, num_tiles: int) -> Any:
         """Pass 1: each row's maximum over every tile and the sink; pass 2: exp, sums, ``P @ V``."""

@@ -63,7 +63,7 @@ class Mistake:
     row_shift: int = 0  # sequence i reads the block-table row i + row_shift
     kv_scales_swapped: bool = False
     past_length: bool = False  # the last block read whole: its slots past seq_len taken as keys
-    products: str = "exact"  # "tf32", "activation" or "fp8": products rounded so (PRODUCTS)
+    products: str = "exact"  # "tf32", "activation", "fp8", "normalised": rounded so (PRODUCTS)
     latent_no_rope: bool = False  # latent: the score q_latent . c_kv alone, no rope part
     latent_value_late: bool = False  # latent: V read latent_dim wide from the row's end
 
@@ -130,6 +130,12 @@ HYPOTHESES: tuple[tuple[str, Mistake], ...] = (
     (
         'attention with Q and P cast to the fp8 cache dtype: or declare products="fp8"',
         Mistake(products="fp8"),
+    ),
+    (
+        "attention whose normalised probabilities are rounded to the activation dtype before "
+        "P @ V (an eager softmax, then a matrix product): probabilities rounded after "
+        'normalising; or declare products="normalised"',
+        Mistake(products="normalised"),
     ),
     (
         "latent attention whose scores leave out the rope part (q_latent . c_kv alone): "
@@ -259,10 +265,23 @@ def needs(mistake: Mistake) -> frozenset[str]:
 
 def named(diagnosis: str | None) -> Mistake | None:
     """The mistake a :func:`diagnose` line names, if any."""
+    found = named_with_name(diagnosis)
+    return None if found is None else found[1]
+
+
+def named_with_name(diagnosis: str | None) -> tuple[str, Mistake] | None:
+    """The short name (after its last colon) and the mistake a :func:`diagnose` line names.
+
+    >>> named_with_name("matches attention with KV head h % H_kv: the GQA head mapping")[0]
+    'the GQA head mapping'
+    """
     if not diagnosis or not diagnosis.startswith("matches "):
         return None
     first = diagnosis.splitlines()[0].removeprefix("matches ")
-    return next((m for name, m in HYPOTHESES if name == first), None)
+    for name, m in HYPOTHESES:
+        if name == first:
+            return name.rsplit(": ", 1)[-1].split(";")[0], m
+    return None
 
 
 def attend_with(case: Case, mistake: Mistake) -> F64 | None:
@@ -317,6 +336,7 @@ def _products_apply(products: str, case: Case) -> bool:
         "tf32": case.dtype == "float32",
         "activation": case.dtype != "float32",
         "fp8": case.kv_dtype is not None,
+        "normalised": case.dtype != "float32",
     }[products]
 
 
@@ -379,6 +399,8 @@ def _attend(
         with np.errstate(invalid="ignore", divide="ignore"):
             if m.products in ("tf32", "fp8"):  # P rounded unnormalised, as a kernel's P @ V
                 out[:, h] = (_operand(weights, m, case, fp8=True) @ v[:, kv]) / total
+            elif m.products == "normalised":  # an eager softmax: P / sum rounded, then P @ V
+                out[:, h] = round_to(weights / total, case.dtype) @ v[:, kv]
             else:
                 out[:, h] = (weights / total) @ v[:, kv]
     return out

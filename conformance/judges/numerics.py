@@ -194,6 +194,7 @@ def same_precision(
         round_dot=to_tf32 if products == "tf32" and dtype == "float32" else None,
         round_q=to_fp8 if fp8 else None,
         round_qk_products=to_dtype if products == "activation" and dtype != "float32" else None,
+        p_normalised=products == "normalised" and dtype != "float32",
     )
 
 
@@ -308,7 +309,7 @@ class OutputErrors:
                 "deviations of what rounding its probabilities to the dtype can add"
             )
         if self.attention_path:
-            lines.append(f"  attention path (reported by the backend): {self.attention_path}")
+            lines.append(f"  attention path: {self.attention_path}")
         return lines
 
     def ulps(self, exact: F64, actual: F64, spread: F64 | None = None) -> F64:

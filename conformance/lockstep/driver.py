@@ -118,10 +118,11 @@ from conformance.judges.oracle import (
 )
 from conformance.judges.resident_kv import ResidentKV
 from conformance.lockstep.group_memory import GroupMemory, describe_groups, released_rows
-from conformance.lockstep.pairs import call_features, call_path
+from conformance.lockstep.pairs import call_features, call_path, path_run
 from conformance.lockstep.tables import widen
 from conformance.lockstep.variants import describe, describe_kv
 from conformance.lockstep.workload import (
+    NON_FINITE,
     POISONS,
     SequenceTruth,
     TokenKV,
@@ -134,6 +135,8 @@ from conformance.lockstep.workload import (
     poison_rows,
     queries,
 )
+from conformance.observe.launches import Launch, recording
+from conformance.observe.paths import observe
 from conformance.run.calls import attention_calls, sub_batch, token_rows
 from spec.attention import AttentionVariant
 from spec.attention_batched import paged_attention_batched as spec_attention
@@ -571,7 +574,7 @@ class Lockstep:
         self,
         batch: BatchMetadata,
         calls: list[_Call],
-        outputs: Sequence[tuple[F64, F64, F64, list[str | None]]],
+        outputs: Sequence[tuple[F64, F64, F64, list[str]]],
     ) -> None:
         attended = [i for call in calls for i in call]
         rows = [
@@ -646,8 +649,8 @@ class Lockstep:
 
     @property
     def _poison_name(self) -> str | None:
-        """What slots no live token owns hold in this example (``None``: finite values)."""
-        return self.config.poison
+        """What slots no live token owns hold in this example, when it is not finite."""
+        return self.config.poison if self.config.poison in NON_FINITE else None
 
     def poison_unowned(self, everywhere: bool = False) -> None:
         """Fill every slot no live token owns with the example's poison, on both sides.
@@ -802,7 +805,7 @@ class Lockstep:
 
     def _run_layer(
         self, layer: int, batch: BatchMetadata, calls: list[_Call]
-    ) -> tuple[F64, BatchMetadata, F64, list[str | None]]:
+    ) -> tuple[F64, BatchMetadata, F64, list[str]]:
         """Write this step's K and V (with padding) on both sides, then run each attention call.
 
         Returns the attended rows' queries and their batch (what the references
@@ -824,14 +827,15 @@ class Lockstep:
         for call in calls:
             sub = sub_batch(batch, call)
             rows = token_rows(batch, call)
-            out = self._attention(
-                layer, query[rows], self._view(sub), (key[rows], value[rows]), extra
-            )
+            with recording() as launches:
+                out = self._attention(
+                    layer, query[rows], self._view(sub), (key[rows], value[rows]), extra
+                )
             actual.append(out)
-            paths.append(self._path())
+            reported = self._path(layer)
             decodes = sum(sub.query_len(i) == 1 for i in range(sub.num_seqs))
             self.coverage.note_step(num_seqs=sub.num_seqs, decodes=decodes, max_offset=0)
-            self._note_pairs(sub, variant, paths[-1])
+            paths.append(self._note_pairs(sub, variant, launches, reported, layer))
         attended = sub_batch(batch, [i for call in calls for i in call])
         q_all = query[token_rows(batch, [i for call in calls for i in call])]
         empty = np.zeros((0, query.shape[1], c.geometry.value_dim))
@@ -868,8 +872,17 @@ class Lockstep:
             kv_dtype=c.geometry.kv_dtype,
         )
 
-    def _note_pairs(self, sub: BatchMetadata, variant: AttentionVariant, path: str | None) -> None:
-        """The features of this call, with its path (:mod:`conformance.lockstep.pairs`)."""
+    def _note_pairs(
+        self,
+        sub: BatchMetadata,
+        variant: AttentionVariant,
+        launches: Sequence[Launch],
+        reported: str | None,
+        layer: int,
+    ) -> str:
+        """The features of this call with the path it ran, observed where its launches or the
+        backend say (:func:`~conformance.lockstep.pairs.path_run`), else the suite's plan; the
+        path in words, as a failure of this call reports it."""
         g = self.config.geometry
         features = call_features(
             variant,
@@ -879,18 +892,71 @@ class Lockstep:
             large=self.base > 0,
             latent=g.is_latent,
         )
-        kind = call_path(sub, variant.window, self.coverage.split_keys)
-        self.coverage.note_pairs(features, kind, path)
+        paths = self.coverage.paths
+        drawn = call_path(sub, variant.window, paths.split_keys)
+        seen = observe(launches)
+        run = path_run(sub, seen.parts, reported)
+        if run is not None and run[0] in ("single-pass decode", "split-KV decode"):
+            self._check_split_plan(sub, variant, run[0] == "split-KV decode", seen.parts, layer)
+        ran, source = run or (drawn, "plan")
+        paths.note_call(features, drawn, ran, source, seen.parts, reported)
+        paths.note_launches(launches)
+        parts = f" in {seen.parts} parts" if seen.parts and seen.parts > 1 else ""
+        how = {
+            "launches": f"read from its launches: {', '.join(dict.fromkeys(seen.kernels))}",
+            "attention_path": "named by the backend's attention_path()",
+            "plan": "the suite's plan, not observed",
+        }[source]
+        own = f"; the backend calls it {reported!r}" if reported and reported != ran else ""
+        return f"{ran}{parts} ({how}){own}"
+
+    def _check_split_plan(
+        self,
+        sub: BatchMetadata,
+        variant: AttentionVariant,
+        split: bool,
+        parts: int | None,
+        layer: int,
+    ) -> None:
+        """A decode whose observed split the declared plan (``capabilities.decode_split``)
+        contradicts stops the run as a setup error naming both: the suite draws by the plan."""
+        plan = self.caps.decode_split
+        if plan is None:
+            return
+        w = variant.window
+        keys = max(n if w is None else min(n, w) for n in sub.seq_lens)
+        if split and keys < plan.min_keys:
+            into = "" if parts is None else f" into {parts} parts"
+            seen = f"split a decode of {keys:,} visible keys{into}"
+        elif not split and sub.num_seqs == 1 and keys >= plan.min_keys:
+            seen = f"ran a lone decode of {keys:,} visible keys in a single pass"
+        else:
+            return
+        raise SuiteStopped(
+            SetupError(
+                f"capabilities.decode_split says the kernel {plan.describe()}, but at step "
+                f"{self.step_index}, layer {layer} it {seen}: declare the plan the kernel runs"
+            )
+        )
 
     def _oracle_name(self) -> str:
         name = ORACLE_NAMES[self._oracle_used]
         return name if self._oracle_used == SPEC else f"{name} on {self.oracle.device}"
 
-    def _path(self) -> str | None:
+    def _path(self, layer: int) -> str | None:
+        """The backend's own name of the path its last attention call ran, if it says."""
         path = getattr(self.backend, "attention_path", None)
         if path is None:
             return None
-        return str(self._call("attention_path", path))
+        name = self._call("attention_path", path)
+        if not isinstance(name, str):
+            self._fail(
+                "shape",
+                f"attention_path() returned {name!r} ({type(name).__name__}), not a str naming "
+                "the path the last attention call ran",
+                layer=layer,
+            )
+        return name
 
     def _new_kv(self, layer: int, batch: BatchMetadata) -> tuple[F64, F64]:
         keys, values = [], []

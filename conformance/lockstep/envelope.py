@@ -16,9 +16,12 @@ There are two envelopes, chosen by ``capabilities.device``:
   production examples and one KV head in long ones (each KV head of each
   layer costs an interpreted program per sequence and query tile: a quick
   run stays near two minutes), wide batches of 16 to 32 sequences,
-  long prompts of 300 to 1100 tokens, and two production shapes run in full:
-  head dim 128 with 8 query heads on 2 KV heads and blocks of 16, and head
-  dim 96 with a GQA ratio of 3 and blocks of 48;
+  long prompts of 300 to 1100 tokens, and three production shapes run in
+  full: head dim 128 with 8 query heads on 2 KV heads and blocks of 16, head
+  dim 96 with a GQA ratio of 3 and blocks of 48, and DeepSeek-V3's latent
+  rows of 512 + 64 under 128 query heads (on a GPU's plan, 8 programs of 16
+  heads a token: every head tile runs), blocks of 16 and two sequences to
+  start with (each of its query tokens costs eight interpreted programs);
 * **device** (anything else, "cuda:0" say): every shape, 1 to 8 KV heads and
   1 to 4 layers without a cost bound, wide batches of 64 to 256 sequences,
   long prompts of 2048 to 32768 tokens, and production shapes of head dim
@@ -29,8 +32,8 @@ Both draw the latent layout of multi-head latent attention (one row
 it: ``latent_dim + rope_dim`` of 32 + 16 and 16 + 16 (a row of 48 or 32, as
 cheap to interpret as a small head dim: one KV head, every query head sharing
 its tile) under 1 to 16 query heads on the CPU, and on a device DeepSeek-V3's
-512 + 64 too, with up to 128 query heads and as a production shape (128 query
-heads, blocks of 64, as FlashMLA pages it).
+512 + 64 too, with up to 128 query heads; both run 512 + 64 with 128 query
+heads as a production shape (blocks of 64 on a device, as FlashMLA pages it).
 
 Each tuple is in shrinking order: its first value is where a failing example
 shrinks to (block size 4 rather than 1: the smallest block in which a
@@ -38,8 +41,11 @@ partial block differs from a full one).
 
 >>> envelope_for("cpu").wide_seqs, envelope_for("cuda:0").wide_seqs
 ((16, 24, 32), (64, 128, 256))
->>> [s.describe() for s in envelope_for("cpu").production]
-['head dim 128, 8/2 heads, block size 16', 'head dim 96, 6/2 heads, block size 48']
+>>> for s in envelope_for("cpu").production:
+...     print(s.describe())
+head dim 128, 8/2 heads, block size 16
+head dim 96, 6/2 heads, block size 48
+latent 512+64, 128 query heads, block size 16
 >>> envelope_for("cpu").latent, envelope_for("cuda:0").production[-1].describe()
 (((32, 16), (16, 16)), 'latent 512+64, 128 query heads, block size 64')
 """
@@ -73,6 +79,7 @@ class Shape:
     gqa_ratio: int
     block_size: int
     latent_dim: int | None = None  # a latent layout: rows of head_dim, c_kv latent_dim wide
+    width: int | None = None  # sequences an example starts with (None: the envelope's widest)
 
     def describe(self) -> str:
         heads = self.num_kv_heads * self.gqa_ratio
@@ -115,7 +122,7 @@ class Envelope:
         """The cost bound (KV heads x layers) of one kind of example, ``None`` for none."""
         if kind == "short":
             return self.max_kv_heads_x_layers
-        if kind == "long" and self.long_kv_heads is not None:
+        if kind in ("long", "split") and self.long_kv_heads is not None:
             return self.long_kv_heads
         return self.wide_kv_heads_x_layers
 
@@ -134,7 +141,7 @@ class Envelope:
         >>> envelope_for("cpu").layers_for("short", 3), envelope_for("cpu").layers_for("wide", 2)
         ((1,), (1,))
         """
-        if kind in ("long", "large pool", "production"):
+        if kind in ("long", "split", "large pool", "production"):
             return self.layers[:1]  # long prompts, large pools and full shapes cost per layer
         bound = self.bound(kind)
         if bound is None:
@@ -158,7 +165,7 @@ CPU = Envelope(
     long_lengths=(300, 1100, 1025, 513),
     long_chunks=(256, 128, 512, 1024),
     long_pool_tokens=LONG_CONTEXT_SLOTS,
-    production=(Shape(128, 2, 4, 16), Shape(96, 2, 3, 48)),
+    production=(Shape(128, 2, 4, 16), Shape(96, 2, 3, 48), Shape(576, 1, 128, 16, 512, width=2)),
     latent=LATENT_LAYOUTS[:2],
     latent_heads=LATENT_HEADS[:5],
 )

@@ -65,7 +65,13 @@ from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.envelope import Envelope
 from conformance.lockstep.groups import group_label
 from conformance.lockstep.pairs import planned_pairs, split_keys
-from conformance.lockstep.plan import MAX_DRAFT, OPENS_WITH_PAIRS, Plan
+from conformance.lockstep.plan import (
+    MANY_PARTS,
+    MAX_DRAFT,
+    OPENS_WITH_PAIRS,
+    Plan,
+    many_parts_keys,
+)
 from conformance.lockstep.spec_side import SpecSide
 from conformance.lockstep.variants import label
 from conformance.lockstep.workload import WorkloadConfig
@@ -211,6 +217,11 @@ class LockstepMachine(RuleBasedStateMachine):
     def block_size(self) -> int:
         return self.ls.config.geometry.block_size
 
+    @property
+    def _split_keys(self) -> int:
+        """The visible context of a decode the suite draws as split-KV (:func:`split_keys`)."""
+        return split_keys(self.plan.capabilities, self.plan.envelope.device)
+
     def _count(self, name: str) -> None:
         self.stats.rules[name] += 1
 
@@ -221,9 +232,12 @@ class LockstepMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def start(self, data: st.DataObject) -> None:
-        if not self.stats.coverage.planned:
-            wanted, why = planned_pairs(self.plan.capabilities, self.plan.envelope.device)
-            self.stats.coverage.plan_pairs(wanted, why, split_keys(self.plan.envelope.device))
+        paths = self.stats.coverage.paths
+        if not paths.planned:
+            caps, device = self.plan.capabilities, self.plan.envelope.device
+            wanted, why = planned_pairs(caps, device)
+            how = "" if caps.decode_split is None else caps.decode_split.describe()
+            paths.plan(wanted, why, split_keys(caps, device), how)
         config: WorkloadConfig = data.draw(self.plan.configs(), label="config")
         self.stats.examples += 1  # one the backend can run (a draw its limits rule out is not)
         self.stats.configs[_shape(config, self.plan.kind)] += 1
@@ -232,7 +246,11 @@ class LockstepMachine(RuleBasedStateMachine):
             self.lockstep = SpecSide(config)
         else:
             self.lockstep = self._lockstep(config)
-        if self.plan.long_context:  # every long-context workload starts with a long prompt
+        if self.plan.kind == "split":
+            seed, token = data.draw(_SEED, label="seed"), data.draw(_PICK, label="token")
+            chunk = data.draw(st.sampled_from(self.plan.envelope.long_chunks), label="chunk")
+            self._start_split(seed, chunk, token)
+        elif self.plan.long_context:  # every long-context workload starts with a long prompt
             self._add_long(data.draw(long_prompts(self.plan.envelope), label="long prompt"))
         elif self.plan.wide:
             self._start_wide(data)
@@ -276,7 +294,7 @@ class LockstepMachine(RuleBasedStateMachine):
         where = " in the blocks past 2^31 elements" if self.plan.kind == "large pool" else ""
         self._count(f"add (a prompt past a split-KV context, every kernel path{where})")
         seq_id = self.next_id
-        prompt = _tokens(seed, self._fit_length(split_keys(self.plan.envelope.device) + b + 1))
+        prompt = _tokens(seed, self._fit_length(self._split_keys + b + 1))
         self._start(prompt)
         chunk = self._chunk_limit(max(1, len(prompt) // 2))
         while self.pending.get(seq_id):
@@ -296,10 +314,33 @@ class LockstepMachine(RuleBasedStateMachine):
                 (s, [(token + 3) % VOCAB]) for s, rest in sorted(self.pending.items()) if not rest
             ]
             self._run([chunk_after_hit, *done[:1]])  # with a decode: cached context, mixed
-        self._draft_across_a_block(seed + 3, token)
+        self._draft_across_a_block(seed + 3, token, long=seq_id)
 
-    def _draft_across_a_block(self, seed: int, token: int) -> None:
-        """A prompt past every layer's window, ending a slot before a block boundary; a
+    def _start_split(self, seed: int, chunk: int, token: int) -> None:
+        """A prompt whose lone decode the backend's plan splits into :data:`MANY_PARTS` parts or
+        more (:func:`~conformance.lockstep.plan.many_parts_keys`), prefilled in large chunks;
+        decoded alone, then beside a new prompt's prefill (a mixed call), then alone again."""
+        keys = many_parts_keys(self.plan.capabilities)
+        assert keys is not None, "the split pass runs only where the plan splits so"
+        self._count(f"add (a prompt whose decode the backend splits into {MANY_PARTS}+ parts)")
+        self.long_prompts += 1
+        seq_id = self.next_id
+        self._start(_tokens(seed, self._fit_length(keys)))
+        chunk_size = self._chunk_limit(chunk)
+        while self.pending.get(seq_id):
+            if not self._run([(seq_id, self.pending[seq_id][:chunk_size])]):
+                return  # the pool ran out: the sequence stays pending for later steps
+        self._run([(seq_id, [token])])
+        joiner = self.next_id
+        self._start(_tokens(seed + 1, self._fit_length(self.block_size + 1)))
+        self._run([(seq_id, [(token + 1) % VOCAB]), (joiner, self.pending[joiner])])
+        self._run([(seq_id, [(token + 2) % VOCAB])])
+
+    def _draft_across_a_block(self, seed: int, token: int, long: int | None = None) -> None:
+        """A sequence past every layer's window, ending a slot before a block boundary (a new
+        prompt, a few tokens long without a window; with a window longer than a few blocks,
+        the opening's ``long`` one, a chunk added to reach the boundary, when it is still
+        live: a second prompt past a window of a thousand keys costs as much again); a
         speculative step whose drafts cross into a block that does not follow its last one
         in the pool (a new prompt's block comes between; the window edge inside the row);
         one draft accepted, two rejected; a decode that overwrites one rejected slot and
@@ -308,16 +349,29 @@ class LockstepMachine(RuleBasedStateMachine):
         k = min(3, self.plan.max_draft)
         if not k:
             return
-        self._make_room(3)
         b = self.block_size
         layers = range(self.ls.config.geometry.num_layers)
         window = max((self.ls.config.variant(x).window or 0 for x in layers), default=0)
-        length = self._fit_length(cdiv(window + 2, b) * b - 1)
-        seq_id = self.next_id
-        self._start(_tokens(seed, length))
-        while self.pending.get(seq_id):
-            if not self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])]):
+        m = self.ls.manager
+        if (
+            long is not None
+            and window > 4 * b
+            and long in self._forkable()
+            and (m.num_tokens(long) >= window + 2)
+        ):
+            self._make_room(2, keep=long)
+            seq_id = long
+            pad = (b - 1 - m.num_tokens(seq_id) % b) % b
+            if pad and not self._run([(seq_id, _tokens(seed, pad))]):
                 return  # the pool ran out
+        else:
+            self._make_room(3)
+            length = self._fit_length(cdiv(window + 2, b) * b - 1)
+            seq_id = self.next_id
+            self._start(_tokens(seed, length))
+            while self.pending.get(seq_id):
+                if not self._run([(seq_id, self.pending[seq_id][: self._chunk_limit(None)])]):
+                    return  # the pool ran out
         self._count("speculative step across a block boundary (constructed)")
         spacer = self.next_id  # its block comes first: the drafts' block is not the next one
         self._start(_tokens(seed + 2, 1))
@@ -360,7 +414,7 @@ class LockstepMachine(RuleBasedStateMachine):
         b = self.block_size
         window = max((w for w in self.ls.config.group_windows if w is not None), default=b)
         seq_id = self.next_id
-        length = self._fit_length(max(window, split_keys(self.plan.envelope.device)) + b + 1)
+        length = self._fit_length(max(window, self._split_keys) + b + 1)
         self._start(_tokens(data.draw(_SEED, label="seed"), length))
         chunk = data.draw(st.sampled_from((b, None)), label="chunk")
         chunk = self._chunk_limit(None if chunk is None else max(chunk, cdiv(length, 4)))

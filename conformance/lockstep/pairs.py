@@ -12,9 +12,12 @@ reached and any that could not be, with why.
 
 The paths are what the suite can provoke (:data:`PATHS`), whatever the
 backend calls them; a backend's own ``attention_path()`` names are listed
-beside them. A decode whose longest visible context reaches
-:func:`split_keys` (256 keys on the CPU envelope, where the project's
-Triton kernel splits; 1024 on a device) is a split-KV decode.
+beside them. The suite *draws* a decode as split-KV when its longest visible
+context reaches :func:`split_keys` (the backend's declared
+:class:`~spec.capabilities.DecodeSplit`, else a guess: 256 keys on the CPU
+envelope, 1024 on a device); what path a call *ran* is observed
+(:func:`path_run`): from its kernel launches, else from ``attention_path()``,
+and only when neither says is it the plan's, which reports then say.
 
 >>> from spec.backend import Capabilities
 >>> wanted, why = planned_pairs(Capabilities("x", variants={"sinks", "alibi"}), "cpu")
@@ -53,9 +56,43 @@ LATENT = "latent"
 Pair = tuple[str, str]
 
 
-def split_keys(device: str) -> int:
-    """The visible context from which a decode counts as split-KV on envelope ``device``."""
+def split_keys(caps: Capabilities, device: str) -> int:
+    """The visible context from which the suite draws a lone decode as split-KV: where the
+    backend declares its kernel splits (``caps.decode_split``), else a guess for envelope
+    ``device``.
+
+    >>> from spec.capabilities import DecodeSplit
+    >>> split_keys(Capabilities("x"), "cpu"), split_keys(Capabilities("x"), "device")
+    (256, 1024)
+    >>> split_keys(Capabilities("x", decode_split=DecodeSplit(1024, 512, 64)), "cpu")
+    1024
+    """
+    if caps.decode_split is not None:
+        return caps.decode_split.min_keys
     return 256 if device == "cpu" else 1024
+
+
+def path_run(
+    batch: BatchMetadata, parts: int | None, reported: str | None
+) -> tuple[str, str] | None:
+    """The path one call ran and how that is known (``"launches"``, ``"attention_path"``), or
+    ``None`` when nothing says: its mix of decodes and prefill chunks is the batch's, and for
+    a decode-only call, whether it split is what its launches read (``parts``) or, failing
+    them, the path the backend's ``attention_path()`` named.
+
+    >>> b = BatchMetadata(16, (0,), (0, 1), (300,), ((0,) * 19,), (0,), (299,))
+    >>> path_run(b, 1, None), path_run(b, None, "split-KV decode"), path_run(b, None, "mine")
+    (('single-pass decode', 'launches'), ('split-KV decode', 'attention_path'), None)
+    """
+    kind = call_path(batch, None, 0)
+    if kind not in PATHS[:2]:
+        known = parts is not None or reported in PATHS
+        return (kind, "launches" if parts is not None else "attention_path") if known else None
+    if parts is not None:
+        return PATHS[1] if parts > 1 else PATHS[0], "launches"
+    if reported in PATHS[:2]:
+        return reported, "attention_path"
+    return None
 
 
 def call_path(batch: BatchMetadata, window: int | None, split_at: int) -> str:
@@ -97,7 +134,7 @@ def call_features(
     if large:
         names.add(LARGE)
     if latent:
-        names.add(LATENT)
+        names |= {LATENT, *(f"{LATENT}+{v}" for v in variant.features)}
         if kv_dtype is not None:
             names.add(f"fp8+{LATENT}")
     if cached:
@@ -117,7 +154,8 @@ def feature_names(caps: Capabilities) -> list[str]:
     if caps.kv_groups:
         names.append(GROUPS)
     if latent_declared(caps):
-        names += [LATENT, f"fp8+{LATENT}"] if caps.kv_dtypes else [LATENT]
+        names += [LATENT, *(f"{LATENT}+{v}" for v in sorted(variants))]
+        names += [f"fp8+{LATENT}"] if caps.kv_dtypes else []
     return [*names, LARGE]
 
 
@@ -137,7 +175,7 @@ def planned_pairs(caps: Capabilities, device: str) -> tuple[list[Pair], dict[Pai
     wanted += [(CACHED, PATHS[2]), (CACHED, PATHS[3]), (f"{LARGE}+{CACHED}", PATHS[2])]
     if latent_declared(caps):
         wanted += [(f"{LATENT}+{CACHED}", PATHS[2]), (f"{LATENT}+{CACHED}", PATHS[3])]
-    split = split_keys(device)
+    split = split_keys(caps, device)
     why: dict[Pair, str] = {}
     for feature, path in wanted:
         reason = _path_reason(caps, path, split) or _feature_reason(caps, feature, path)

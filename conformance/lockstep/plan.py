@@ -23,6 +23,7 @@ dtype bfloat16: not in the backend capabilities
 head dims 8, 16, 32, 80, 96, 112, 256 of the envelope: not declared by the backend
 fork and copy-on-write rules: capabilities.copy_on_write is False
 KV cache groups (a block table per group of layers): capabilities.kv_groups is False
+the split pass (a decode split into 9 parts or more): no capabilities.decode_split says so
 latent layouts (multi-head latent attention): capabilities.latent is empty
 
 The suite runs in passes (:data:`PASSES`), each a plan of its own kind:
@@ -92,8 +93,11 @@ _DTYPE_ORDER = ("float16", "float32", "bfloat16")
 """fp16 first: Hypothesis draws the first value most, and fp16 overflows where others do not."""
 EXACT_SET_MAX = 16
 """A declared set of at most this many values is drawn exactly; a larger one is a range."""
-PASSES = ("short", "wide", "long", "large pool", "production", "feature", "groups")
+PASSES = ("short", "wide", "long", "split", "large pool", "production", "feature", "groups")
 """The kinds of example, in the order they run (see docs/conformance.md)."""
+MANY_PARTS = 9
+"""The split pass's decode runs this many parts or more: past 8, where a merge that reads a
+fixed 8 partial results (or an 8-bit count) goes wrong."""
 _WIDE_EXTRA = 4
 """Sequences a wide example may add beyond its starting width (new prompts mid-run)."""
 _WIDE_TOKENS = 24
@@ -129,12 +133,12 @@ class Plan:
     kind: str = "short"
     shape: Shape | None = None  # the production pass's one shape
     feature: str | None = None  # the feature pass's declared variant or fp8 KV dtype
-    poison: bool = True  # may examples poison the slots no live token owns (NaN, +-inf)
+    poison: str = "nan"  # what unowned slots may hold: "nan" (NaN, +-inf), "finite", "off"
 
     @property
     def long_context(self) -> bool:
-        """Long-context examples only (the long pass)."""
-        return self.kind == "long"
+        """Long-context examples only (the long pass, and the split pass that opens with one)."""
+        return self.kind in ("long", "split")
 
     @property
     def wide(self) -> bool:
@@ -143,9 +147,11 @@ class Plan:
 
     @property
     def widths(self) -> tuple[int, ...]:
-        """Live sequences a wide example starts with."""
+        """Live sequences a wide example starts with (a production shape's, if it says)."""
         env = self.envelope.wide_seqs
-        return env[:1] if self.kind == "production" else env
+        if self.kind != "production":
+            return env
+        return env[:1] if self.shape is None or self.shape.width is None else (self.shape.width,)
 
     @property
     def max_live(self) -> int:
@@ -170,12 +176,17 @@ class Plan:
         return _configs(self).filter(self._supported).filter(self._has_feature)
 
     def passes(self) -> list[Plan]:
-        """One plan per pass, in order: the production pass once per production shape, the
-        feature pass once per declared attention variant and fp8 KV dtype, the groups pass
-        when the backend declares KV cache groups."""
-        plans = [replace(self, kind=k) for k in PASSES[:4]]
-        plans += [replace(self, kind="production", shape=s) for s in self._shapes()]
+        """One plan per pass, in order: the split pass when the backend's plan splits a decode
+        into more than 8 parts, the large pool again on latent rows when declared, the
+        production pass once per production shape, the feature pass once per declared
+        attention variant and fp8 KV dtype, the groups pass when the backend declares KV
+        cache groups."""
         caps = self.capabilities
+        plans = [replace(self, kind=k) for k in PASSES[:3]]
+        plans += [replace(self, kind="split")] if many_parts_keys(caps) else []
+        plans.append(replace(self, kind="large pool"))
+        plans += [replace(self, kind="large pool", feature=LATENT)] if self.latent else []
+        plans += [replace(self, kind="production", shape=s) for s in self._shapes()]
         features = [*sorted(caps.variants), *sorted(caps.kv_dtypes)]
         if self.latent:
             features += [LATENT, LATENT_FP8] if caps.kv_dtypes else [LATENT]
@@ -193,7 +204,7 @@ class Plan:
             if any(self._runs_latent(layout, kv) for layout in self.latent for kv in kv_dtypes):
                 return None
             return f"the backend's excludes vetoes the {f} layouts on every shape"
-        least = feature_variants(caps, f, 4, 1.0, split_keys(self.envelope.device))[-1]
+        least = feature_variants(caps, f, 4, 1.0, split_keys(caps, self.envelope.device))[-1]
         kv = f if f in caps.kv_dtypes else None
         if self.latent_only:
             if any(self._runs_latent(layout, kv, least) for layout in self.latent):
@@ -237,7 +248,11 @@ class Plan:
         return any(f in config.variant(i).features for i in range(config.geometry.num_layers))
 
     def _supported(self, config: WorkloadConfig) -> bool:
+        """The backend runs the example: asked of the geometry it allocates (a large pool's
+        whole, past 2^31 elements, not the spec's part of it)."""
         caps, g = self.capabilities, config.geometry
+        if config.block_base:
+            g = replace(g, num_blocks=config.block_base + g.num_blocks + 1)
         layers = range(g.num_layers)
         return not any(caps.unsupported(g, config.num_heads, config.variant(i)) for i in layers)
 
@@ -267,14 +282,18 @@ class Plan:
             return None
         assert s.latent_dim is not None
         want = (s.latent_dim, s.head_dim - s.latent_dim)
-        layout = min(self.latent, key=lambda x: (abs(sum(x) - sum(want)), x))
+        declared = self.capabilities.latent
+        if declared is None or want in declared:  # the production layout itself, when it runs
+            layout = want
+        else:
+            layout = min(self.latent, key=lambda x: (abs(sum(x) - sum(want)), x))
         block = _nearest(s.block_size, self.block_sizes)
         if not any(
             not self.capabilities.unsupported(latent_geometry(block, *layout, d, 1), s.gqa_ratio)
             for d in self.dtypes
         ):
             return None
-        return Shape(sum(layout), 1, s.gqa_ratio, block, layout[0])
+        return Shape(sum(layout), 1, s.gqa_ratio, block, layout[0], s.width)
 
     def _runs(self, s: Shape) -> bool:
         """Some drawn dtype runs this shape (``excludes`` may veto it)."""
@@ -305,6 +324,9 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
     elif plan.shape is not None:
         s = plan.shape
         block_size, kv, ratio, head_dim = s.block_size, s.num_kv_heads, s.gqa_ratio, s.head_dim
+    elif plan.kind == "split":  # one cheap shape: a prefill of thousands of keys costs per head
+        block_size, kv, ratio = draw(st.sampled_from(plan.block_sizes)), 1, min(plan.gqa_ratios)
+        head_dim = _nearest(SPLIT_HEAD_DIM, plan.head_dims)
     else:
         block_size = draw(st.sampled_from(plan.block_sizes))
         kv_heads = env.kv_heads_for(plan.kind, plan.kv_heads)
@@ -330,21 +352,23 @@ def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
         if plan.feature == LATENT_FP8:
             kv_dtype = draw(st.sampled_from(sorted(plan.capabilities.kv_dtypes)))
             kv_scales = draw(fp8_layer_scales(kv_dtype, layers, latent=True))
-    elif plan.feature is not None:  # the feature, on the first layer, at every kernel path
-        if plan.feature in plan.capabilities.kv_dtypes:
-            scales = fp8_layer_scales(plan.feature, layers, latent=latent is not None)
-            kv_dtype, kv_scales = plan.feature, draw(scales)
-        wanted = feature_variants(
-            plan.capabilities, plan.feature, num_heads, spread, split_keys(env.device)
-        )
+    elif plan.feature is not None and plan.feature in plan.capabilities.kv_dtypes:
+        scales = fp8_layer_scales(plan.feature, layers, latent=latent is not None)
+        kv_dtype, kv_scales = plan.feature, draw(scales)
+    if plan.feature is not None or plan.kind == "split":  # on the first layer, every path
+        split = split_keys(plan.capabilities, env.device)
+        if plan.kind == "split":  # a window as wide as the decode: it still runs every part
+            split = many_parts_keys(plan.capabilities) or split
+        feature = plan.feature or "every variant"  # (a name no variant has: all of them)
+        wanted = feature_variants(plan.capabilities, feature, num_heads, spread, split)
         quantized = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
         runs = [v for v in wanted if not plan.capabilities.unsupported(quantized, num_heads, v)]
         variants = ((runs or wanted)[0], *variants[1:])  # its pairing, unless the backend vetoes
     if plan.kind in OPENS_WITH_PAIRS and plan.prefix_caching:
         prefix_caching = True  # the opening's prefix hit
     geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
-    poison = draw(st.sampled_from(_POISON_DRAWS)) if plan.poison else None
-    if kv_dtype is not None and poison is not None:
+    poison = draw(st.sampled_from(_POISON_DRAWS[plan.poison]))
+    if kv_dtype is not None and poison in ("+inf", "-inf"):
         poison = "NaN"  # an fp8 write saturates infinities to the largest finite value
     windows: tuple[int | None, ...] = ()
     if layout is not None:
@@ -390,8 +414,13 @@ def _latent_layout(draw: st.DrawFn, plan: Plan) -> tuple[int, int] | None:
     return draw(st.sampled_from(plan.latent))
 
 
-_POISON_DRAWS = (None, "NaN", "+inf", None, "-inf")
-"""What slots no live token owns hold: finite values in two examples of five (shrinking there)."""
+_POISON_DRAWS: dict[str, tuple[str | None, ...]] = {
+    "nan": (None, "NaN", "+inf", None, "-inf"),
+    "finite": (None, "finite"),
+    "off": (None,),
+}
+"""What slots no live token owns hold, by the run's poison mode: with NaN, finite values in two
+examples of five (shrinking there); with finite poison, a large finite value in one of two."""
 
 
 OPENS_WITH_PAIRS = ("feature", "large pool")
@@ -402,9 +431,12 @@ OPENS_WITH_PAIRS = ("feature", "large pool")
 def _pool_blocks(plan: Plan, block_size: int) -> int:
     """The pool of one example: small for short ones, room for every sequence of wide ones,
     and for a split-KV context twice over in the passes that open with one (per group in
-    the groups pass)."""
+    the groups pass); the split pass's decode and a long prompt more."""
     if plan.kind in OPENS_WITH_PAIRS:
         return _split_blocks(plan, block_size)
+    if plan.kind == "split":
+        many = many_parts_keys(plan.capabilities) or 0
+        return cdiv(many + plan.envelope.long_pool_tokens, block_size)
     if plan.long_context:
         return cdiv(plan.envelope.long_pool_tokens, block_size)
     if plan.wide:
@@ -415,8 +447,33 @@ def _pool_blocks(plan: Plan, block_size: int) -> int:
     return pool_blocks(block_size)
 
 
+def many_parts_keys(caps: Capabilities) -> int | None:
+    """The visible keys of a lone decode that the backend's declared plan splits into
+    :data:`MANY_PARTS` parts or more; ``None`` when it declares none that does (or its
+    ``max_context_len`` rules it out).
+
+    >>> from spec.capabilities import DecodeSplit
+    >>> many_parts_keys(Capabilities("x", decode_split=DecodeSplit(1024, 512, 64)))
+    4097
+    >>> many_parts_keys(Capabilities("x", decode_split=DecodeSplit(256, 128, 4))) is None
+    True
+    """
+    plan = caps.decode_split
+    if plan is None or plan.max_parts < MANY_PARTS:
+        return None
+    keys = plan.keys_for(MANY_PARTS)
+    if caps.max_context_len is not None and caps.max_context_len < keys:
+        return None
+    return keys
+
+
+SPLIT_HEAD_DIM = 64
+"""The split pass's head dim (the plan's nearest): its prompt of thousands of tokens costs an
+interpreted kernel per key tile, and wide heads halve the tile."""
+
+
 def _split_blocks(plan: Plan, block_size: int) -> int:
-    return cdiv(2 * split_keys(plan.envelope.device), block_size) + 8
+    return cdiv(2 * split_keys(plan.capabilities, plan.envelope.device), block_size) + 8
 
 
 def _large_pool_dtypes(dtypes: tuple[str, ...]) -> tuple[str, ...]:
@@ -461,6 +518,11 @@ def plan_for(
         skipped.append("prefix-cache hits: capabilities.prefix_caching is False")
     skipped += group_skips(caps)
     skipped += _query_skips(caps, env)
+    if not many_parts_keys(caps):
+        skipped.append(
+            f"the split pass (a decode split into {MANY_PARTS} parts or more): "
+            "no capabilities.decode_split says so"
+        )
     if not plan.max_draft:
         skipped.append(
             "speculative rules (draft, verify, roll back): capabilities.speculative, "
@@ -628,7 +690,8 @@ def _excluded_pairings(plan: Plan) -> list[str]:
         return []
     out = []
     for feature in sorted(caps.variants):
-        paired, *fewer = feature_variants(caps, feature, 4, 1.0, split_keys(plan.envelope.device))
+        split = split_keys(caps, plan.envelope.device)
+        paired, *fewer = feature_variants(caps, feature, 4, 1.0, split)
         if not fewer:
             continue
         shapes = [
@@ -637,8 +700,12 @@ def _excluded_pairings(plan: Plan) -> list[str]:
                 plan.dtypes, plan.head_dims, plan.block_sizes, plan.kv_heads, plan.gqa_ratios
             )
         ]
-        vetoes = [caps.unsupported(g, h, _heads(paired, h)) for g, h in shapes]
-        if all(vetoes):
+        # The reason quoted is the pairing's own: on a shape that runs the feature alone (a
+        # shape vetoed for another reason, a block size say, would quote that one instead).
+        alone = fewer[-1]
+        runs = [(g, h) for g, h in shapes if not caps.unsupported(g, h, _heads(alone, h))]
+        vetoes = [caps.unsupported(g, h, _heads(paired, h)) for g, h in runs]
+        if vetoes and all(vetoes):
             pairing = "+".join(sorted(paired.features))
             out.append(
                 f"attention variant {pairing}: excluded by the backend ({vetoes[0][0]}); the "

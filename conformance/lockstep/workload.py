@@ -85,10 +85,12 @@ def tie_values(kv_dtype: str, scale: float) -> tuple[float, ...]:
     return tuple(m * 2**e * scale for m in TIES[kv_dtype] for e in range(3))
 
 
-POISONS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf}
+POISONS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf, "finite": 1000.0}
 """What a poisoned example fills every slot no live token owns with (see
 :meth:`~conformance.lockstep.driver.Lockstep.poison_unowned`): a kernel that reads such a
-slot, even to multiply it by a zero weight, gets a non-finite output."""
+slot, even to multiply it by a zero weight, gets a non-finite output; with ``"finite"``
+(``--poison finite``) only a kernel that uses what it reads there goes wrong."""
+NON_FINITE = ("NaN", "+inf", "-inf")
 
 
 def poison_rows(config: WorkloadConfig, count: int) -> tuple[F64, F64]:

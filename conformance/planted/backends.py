@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,6 +39,7 @@ from spec.attention import AttentionVariant
 from spec.backend import FloatArray
 from spec.batch import BatchMetadata
 from spec.block_manager import cdiv
+from spec.capabilities import Capabilities, DecodeSplit
 
 
 class SlotOffByOne(NumpyPagedBackend):
@@ -276,11 +278,21 @@ class SinksWrongOnSplitKV(NumpyPagedBackend):
     splits' partial softmaxes; the single pass and prefill are right.
 
     A decode-only call whose longest visible context reaches 256 keys takes the
-    split path, as the project's Triton kernel does on the CPU: only a layer with
-    sinks decoding a long context shows it.
+    split path, as the project's Triton kernel does under the interpreter's own plan:
+    only a layer with sinks decoding a long context shows it. It declares that plan
+    (``decode_split``) and names the path each call took (``attention_path()``), as a
+    backend without Triton launches to read can: the report's paths are then observed.
     """
 
     _split = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        plan = DecodeSplit(256, 128, 2, note="a numpy model of a split-KV kernel")
+        return replace(super().capabilities, decode_split=plan)
+
+    def attention_path(self) -> str:
+        return "split-KV decode" if self._split else "single-pass decode"
 
     def attention(
         self,

@@ -12,13 +12,17 @@ against planted out-of-bounds kernels and the project's Triton backend
 (:mod:`conformance.planted.selftest_bounds`), the device-resident contract against a
 planted stale-metadata bug (:mod:`conformance.planted.device`), and the
 scheduler suite against its planted schedulers
-(:mod:`conformance.planted.selftest_scheduler`).
+(:mod:`conformance.planted.selftest_scheduler`). The bugs planted in the real Triton
+kernels (:mod:`conformance.planted.kernel_bugs`) run on the Triton backend, interpreted
+under the H200's launch plan, each in the passes that reach its path.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.backends import PLANTED
@@ -70,14 +74,48 @@ def selftest(out: Callable[[str], None] = print) -> bool:
             out(f"  caught  {label}\n          {where}: {first}")
         else:
             out(f"  MISSED  {label} ({ref})")
-    hidden = _hidden_selftest(out)
-    caught += hidden
-    total = len(PLANTED) + len(PLANTED_HIDDEN)
+    caught += _hidden_selftest(out)
+    kernel_caught, kernel_total = _kernel_selftest(out)
+    caught += kernel_caught
+    total = len(PLANTED) + len(PLANTED_HIDDEN) + kernel_total
     out(f"caught {caught}/{total} in {time.monotonic() - start:.1f} s")
     bounds_ok = bounds_selftest(out)
     device_ok = device_selftest(out)
     schedulers_ok = scheduler_selftest(out)
     return ok and caught == total and bounds_ok and device_ok and schedulers_ok
+
+
+def _kernel_selftest(out: Callable[[str], None]) -> tuple[int, int]:
+    """The bugs planted in the real kernels: how many caught, of how many run, each with where
+    and on which observed path (the failing call's, as its report says). Without Triton
+    (a base or torch-only install) there is no kernel to plant them in: said, and not run."""
+    if importlib.util.find_spec("triton") is None:
+        out("  NOT RUN  the bugs planted in the real Triton kernels: triton is not installed "
+            "(pip install 'paged-spec[gpu]')")  # fmt: skip
+        return 0, 0
+    from conformance.planted.kernel_bugs import PLANTED_KERNELS
+
+    caught = 0
+    for label, cls in PLANTED_KERNELS.items():
+        ref = f"conformance.planted.kernel_bugs:{cls.__name__}"
+        control = replace(FIRST_FAILURE, check_bounds=cls.selftest_bounds)
+        result = run_suite(
+            cls(), ref, run_seed=SELFTEST_SEED, database=None, control=control,
+            passes=cls.selftest_passes,
+        )  # fmt: skip
+        diff = result.difference
+        if diff is None or result.nondeterminism is not None:
+            why = "passed" if diff is None else "reported as not deterministic"
+            out(f"  MISSED  {label} ({ref}): {why}")
+            continue
+        caught += 1
+        found = result.failures[0].pass_name if result.failures else "?"
+        path = "" if diff.numerics is None else diff.numerics.attention_path or ""
+        on = f"; path: {path}" if path else ""
+        first = diff.describe().splitlines()[0]
+        where = f"in pass {found}, example {result.stats.first_failure_example}{on}"
+        out(f"  caught  {label} (a real kernel)\n          {where}: {first}")
+    return caught, len(PLANTED_KERNELS)
 
 
 def _hidden_selftest(out: Callable[[str], None]) -> int:

@@ -1,30 +1,38 @@
-"""The report's list of failing passes: every distinct failure, not only the first.
+"""The report's list of failures: one entry per distinct cause, not per failing pass.
 
 The first failure is the report's headline (FIRST DIFFERENCE, the replay
-script); the others are listed here with their pass, kind and first
-difference, grouped by the cause each pass was drawn again without, and each
-carries its own replay lines in the JSON report.
+script). A cause (:mod:`conformance.run.causes`) found in several passes is one
+entry, with the passes that showed it; a failure whose cause was not isolated
+is an entry of its own. Each failure keeps its replay lines in the JSON report.
 """
 
 from __future__ import annotations
 
-from conformance.run.failures import distinct
+from conformance.run.failures import PassFailure, by_cause
 from conformance.run.runner import RunResult
 
 
 def failure_lines(result: RunResult) -> list[str]:
-    """``FAILURES (n passes)`` and one line per distinct failure, grouped by cause (the dtype,
-    KV dtype or variant each pass was drawn again without); nothing when none failed."""
-    found = distinct(result.failures)
-    if not found:
+    """``FAILURES: n distinct causes, in m failing passes`` and one entry per cause: its name,
+    the first failure's headline, and the other passes that showed it."""
+    groups = by_cause(result.failures)
+    if not groups:
         return []
-    lines = [f"FAILURES: {len(found)} distinct, in {len(result.failures)} failing passes"]
-    causes = list(dict.fromkeys(f.cause for f in found))
-    number = 0
-    for cause in causes:
-        lines.append(f"  {'cause: ' + cause if cause else 'no cause named (a fault)'}")
-        for failure in (f for f in found if f.cause == cause):
-            number += 1
-            note = " (not deterministic)" if failure.nondeterminism is not None else ""
-            lines.append(f"    {number}. {failure.headline()}{note}")
+    n, m = len(groups), len(result.failures)
+    lines = [f"FAILURES: {n} distinct cause{'s' * (n != 1)}, in {m} failing pass{'es' * (m != 1)}"]
+    for number, group in enumerate(groups, 1):
+        first = group[0]
+        lines.append(f"  {number}. {_cause_words(first)}")
+        note = " (not deterministic)" if first.nondeterminism is not None else ""
+        lines.append(f"     {first.headline()}{note}")
+        more = [f.pass_name for f in group[1:]]
+        if more:
+            passes = f"pass{'es' * (len(more) > 1)}"
+            lines.append(f"     also in {len(more)} more {passes}: {', '.join(more)}")
     return lines
+
+
+def _cause_words(failure: PassFailure) -> str:
+    if failure.cause is None:
+        return "no cause named (a fault of the backend process or the run)"
+    return f"cause: {failure.cause}" if failure.isolated else f"cause {failure.cause}"

@@ -15,7 +15,7 @@ import json
 import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Set as AbstractSet
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from conformance.reports import replay
 from conformance.reports.failures import failure_lines
 from conformance.reports.files import junit_suite, write_output
 from conformance.reports.replay import portable_ref
-from conformance.run.failures import distinct
+from conformance.run.failures import by_cause, distinct
 from conformance.run.runner import PROFILES, RunResult
 from spec.capabilities import Capabilities
 
@@ -154,12 +154,30 @@ def summary_lines(result: RunResult) -> list[str]:
     s = result.stats
     return [
         f"conformance: backend {result.backend!r} "
-        f"(profile {result.profile}, seed {result.seed}{_shard(result)}): {verdict(result)}",
+        f"(profile {result.profile}, seed {result.seed}{_shard(result)}): {verdict(result)}"
+        + _poison_note(result),
         f"  {_examples(result)}, {s.steps} steps, longest sequence {s.longest} tokens, "
         f"{result.wall_time_s:.1f} s",
         *_products_line(result.capabilities),
         *_run_lines(result),
     ]
+
+
+def _poison_note(result: RunResult) -> str:
+    """What the verdict does not cover, on its own line's end: with ``--poison finite`` (or
+    ``off``), reads of memory no token owns were not judged for NaN.
+
+    >>> from conformance.lockstep.machine import RunStats
+    >>> from conformance.run.control import RunControl
+    >>> r = RunResult("x", "quick", 1, Capabilities("x"), (), RunStats(),
+    ...               control=RunControl(poison="finite"))
+    >>> _poison_note(r)
+    ' (reads of slots no token owns were not judged for NaN: --poison finite)'
+    """
+    mode = result.control.poison
+    if mode == "nan":
+        return ""
+    return f" (reads of slots no token owns were not judged for NaN: --poison {mode})"
 
 
 def _products_line(caps: Capabilities) -> list[str]:
@@ -177,6 +195,7 @@ PRODUCT_WORDS = {
     "tf32": "float32 products on TF32 operands",
     "activation": "each q.k product rounded to the activation dtype",
     "fp8": "Q and P cast to the fp8 cache dtype",
+    "normalised": "probabilities normalised, then rounded to the activation dtype before P @ V",
 }
 """How a report names each declared product precision (:data:`spec.capabilities.PRODUCTS`)."""
 
@@ -361,6 +380,14 @@ def json_report(result: RunResult) -> dict[str, Any]:
         },
         "failures": [f.to_json() for f in result.failures],
         "distinct_failures": len(distinct(result.failures)),
+        "causes": [
+            {
+                "cause": group[0].cause,
+                "isolated": group[0].isolated,
+                "passes": [f.pass_name for f in group],
+            }
+            for group in by_cause(result.failures)
+        ],
     }
 
 
@@ -371,6 +398,8 @@ def _capabilities(caps: Capabilities) -> dict[str, Any]:
         value = getattr(caps, f.name)
         if f.name == "excludes":
             value = value is not None
+        elif is_dataclass(value) and not isinstance(value, type):
+            value = asdict(value)
         elif isinstance(value, AbstractSet):
             value = sorted(value)
         out[f.name] = value

@@ -42,6 +42,9 @@ attention calls of a Triton kernel under the CPU interpreter (seconds each,
 more on a loaded machine) and a kernel's first compile on a GPU (tens of
 seconds). Every report prints the slowest call of its run, to size it from.
 """
+POISON_MODES = ("nan", "finite", "off")
+"""What examples may fill the slots no live token owns with: NaN or infinities, large finite
+values, or nothing (:attr:`RunControl.poison`)."""
 LOAD_TIMEOUT_S = 60.0
 """The least time loading a backend may take (importing torch can take many seconds)."""
 
@@ -66,8 +69,14 @@ class RunControl:
     the one ``capabilities.device`` picks; ``envelope_scale``: divide the
     envelope's lengths and widths by this factor
     (:func:`conformance.lockstep.envelope_scale.scaled`).
-    ``poison``: whether examples may fill the slots no live token owns with NaN or
-    infinities (off for the vectors export, whose format holds finite data only).
+    ``poison``: what examples may fill the slots no live token owns with
+    (:data:`POISON_MODES`): ``"nan"``, NaN or infinities (the default: a kernel
+    that reads such a slot, even to multiply it by a zero weight, fails);
+    ``"finite"``, large finite values only (a kernel that multiplies masked
+    values by zero passes; one that uses them still fails; the verdict says
+    that reads of unowned memory were not judged for NaN); ``"off"``, stale
+    data only (the vectors export: its format holds finite data). ``True`` and
+    ``False`` mean ``"nan"`` and ``"off"``.
     ``every_pass``: a failing pass does not stop the others, so one bug cannot
     hide another (off: stop at the first failure, as the selftest does).
     """
@@ -82,9 +91,14 @@ class RunControl:
     envelope: str | None = None
     envelope_scale: int = 1
     every_pass: bool = True
-    poison: bool = True  # False: no example poisons unowned slots (the vectors export)
+    poison: str = "nan"  # one of POISON_MODES (True: "nan", False: "off")
 
     def __post_init__(self) -> None:
+        if isinstance(self.poison, bool):
+            object.__setattr__(self, "poison", "nan" if self.poison else "off")
+        if self.poison not in POISON_MODES:
+            modes = ", ".join(POISON_MODES)
+            raise SetupError(f"poison must be one of {modes}, got {self.poison!r}")
         if self.envelope is not None and self.envelope not in ("cpu", "device"):
             raise SetupError(f"envelope must be cpu or device, got {self.envelope!r}")
         if self.envelope_scale < 1:
@@ -164,8 +178,20 @@ def environment_options(environ: Mapping[str, str] | None = None) -> Environment
             call_timeout_s=DEFAULT_CALL_TIMEOUT_S if timeout is None else timeout or None,
             check_bounds=get("PAGED_SPEC_CHECK_BOUNDS", _bounds_setting) or None,
             reference_memory=get("PAGED_SPEC_REFERENCE_MEMORY", memory_limit_from),
+            poison=get("PAGED_SPEC_POISON", poison_mode) or "nan",
         ),
     )
+
+
+def poison_mode(text: str) -> str:
+    """One of :data:`POISON_MODES` (``PAGED_SPEC_POISON``).
+
+    >>> poison_mode("finite")
+    'finite'
+    """
+    if text not in POISON_MODES:
+        raise ValueError(f"expected one of {', '.join(POISON_MODES)}")
+    return text
 
 
 def bounds_mode(text: str) -> str:

@@ -32,7 +32,8 @@ class PassFailure:
     flaky: bool
     example: int | None  # the example of the run in which it appeared
     nondeterminism: tuple[str, str] | None = None
-    cause: str | None = None  # what the pass was drawn again without (conformance.run.causes)
+    cause: str | None = None  # what explains it (conformance.run.causes), as the report says
+    isolated: bool = False  # the cause was found (a named mistake, or replays), not missing
 
     @property
     def kind(self) -> str:
@@ -56,22 +57,33 @@ class PassFailure:
             "example": self.example,
             "nondeterministic": self.nondeterminism is not None,
             "cause": self.cause,
+            "cause_isolated": self.isolated,
         }
 
 
-def distinct(failures: list[PassFailure]) -> list[PassFailure]:
-    """The failures without repeats: the same kind and first difference line in two passes once.
+def by_cause(failures: list[PassFailure]) -> list[list[PassFailure]]:
+    """The failures grouped by cause, in the order each cause first appeared: one group per
+    isolated cause, however many passes showed it; a failure without an isolated cause
+    groups only with its repeats (the same kind and first difference line).
 
-    >>> d = Difference("attention", 1, "off")
-    >>> a = PassFailure("short", d, (), False, "", False, 3)
-    >>> [f.pass_name for f in distinct([a, PassFailure("long", d, (), False, "", False, 9)])]
-    ['short']
+    >>> d, e = Difference("output", 1, "off"), Difference("output", 2, "far off")
+    >>> tf32 = dict(cause="float32 products rounded to TF32", isolated=True)
+    >>> a = PassFailure("short", d, (), False, "", False, 3, **tf32)
+    >>> b = PassFailure("feature (sinks)", e, (), False, "", False, 9, **tf32)
+    >>> c = PassFailure("long", e, (), False, "", False, 12)
+    >>> [[f.pass_name for f in g] for g in by_cause([a, b, c])]
+    [['short', 'feature (sinks)'], ['long']]
     """
-    seen: set[tuple[str, str]] = set()
-    out = []
+    groups: dict[tuple[str, ...], list[PassFailure]] = {}
     for f in failures:
-        key = (f.kind, f.difference.describe().splitlines()[0])
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    return out
+        if f.isolated and f.cause:
+            key: tuple[str, ...] = ("cause", f.cause)
+        else:
+            key = (f.kind, f.difference.describe().splitlines()[0])
+        groups.setdefault(key, []).append(f)
+    return list(groups.values())
+
+
+def distinct(failures: list[PassFailure]) -> list[PassFailure]:
+    """The first failure of each cause (:func:`by_cause`)."""
+    return [group[0] for group in by_cause(failures)]

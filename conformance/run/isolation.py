@@ -129,6 +129,7 @@ class ChildProcess(Generic[ResultT, StatsT]):
         progress: Callable[[str], None],
         output: Callable[[str], None],
         stats: StatsT,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.template: ResultT | None = None
         self.stats = stats
@@ -148,7 +149,7 @@ class ChildProcess(Generic[ResultT, StatsT]):
         self.interrupted = False
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._partial = {"events": b"", "output": b""}
-        self._spawn(module, message)
+        self._spawn(module, message, env or {})
 
     def on_message(self, kind: str, event: dict[str, Any]) -> None:
         """A message other than ``call``, ``ret`` and ``progress``: the run's result before
@@ -168,7 +169,7 @@ class ChildProcess(Generic[ResultT, StatsT]):
     def on_other(self, kind: str, event: dict[str, Any]) -> None:
         """A message only this kind of child sends (the subclass's to read)."""
 
-    def _spawn(self, module: str, request: dict[str, Any]) -> None:
+    def _spawn(self, module: str, request: dict[str, Any], extra: dict[str, str]) -> None:
         events_r, events_w = os.pipe()
         output_r, output_w = os.pipe()
         message = {
@@ -177,7 +178,7 @@ class ChildProcess(Generic[ResultT, StatsT]):
             "parent": os.getpid(),
             "path": sys.path,  # the child imports the code under test as this process would
         }
-        env = {**os.environ, REQUEST_VAR: json.dumps(message)}
+        env = {**os.environ, **extra, REQUEST_VAR: json.dumps(message)}
         env.update(LIBC_FATAL_STDERR_="1", PYTHONUNBUFFERED="1")  # glibc's abort text: stderr
         try:
             self.proc = subprocess.Popen(
@@ -396,13 +397,17 @@ class BackendChild(ChildProcess[RunResult, RunStats]):
     """The child of ``python -m conformance run``: :mod:`conformance.run.worker` on a backend."""
 
     def __init__(
-        self, request: Request, progress: Callable[[str], None], output: Callable[[str], None]
+        self,
+        request: Request,
+        progress: Callable[[str], None],
+        output: Callable[[str], None],
+        env: dict[str, str] | None = None,
     ) -> None:
         self.request = request
         self.found: tuple[Difference, list[str]] | None = None  # the first failure, unshrunk
         worker = "conformance.run.worker"
         timeout = request.control.call_timeout_s
-        super().__init__(worker, asdict(request), timeout, progress, output, RunStats())
+        super().__init__(worker, asdict(request), timeout, progress, output, RunStats(), env)
 
     def on_other(self, kind: str, event: dict[str, Any]) -> None:
         """``found``: the first failure, sent before shrinking began (kept, in case the child

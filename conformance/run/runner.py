@@ -51,12 +51,14 @@ from conformance.lockstep.driver import ConformanceFailure
 from conformance.lockstep.envelope_scale import scaled
 from conformance.lockstep.machine import LockstepMachine, RunStats, timed_progress
 from conformance.lockstep.plan import Plan, plan_for
+from conformance.lockstep.workload import WorkloadConfig
 from conformance.reports.replay import script as replay_script
-from conformance.run.causes import MAX_CAUSES, Cause, cause_of, excluding
+from conformance.run.causes import MAX_CAUSES, Cause, excluding
 from conformance.run.compiles import watching_compiles
 from conformance.run.control import RunControl
 from conformance.run.database import open_database
 from conformance.run.failures import FATAL, PassFailure
+from conformance.run.isolate import find_cause
 from conformance.run.shard import Claims, Shard
 from conformance.run.watchdog import CallTimeout, RunWatch, Sink, watching
 from spec.backend import Backend
@@ -88,6 +90,7 @@ class Profile:
     production_examples: int = 1  # per production shape
     feature_examples: int = 1  # per declared attention variant and fp8 KV dtype
     groups_examples: int = 3  # layers in KV cache groups, when declared
+    split_examples: int = 1  # a decode split into more than 8 parts, when the plan has one
 
     def examples(self, override: int | None) -> tuple[int, int]:
         """Short and long examples; an override scales the long ones (at least one).
@@ -102,11 +105,12 @@ class Profile:
 
         >>> from conformance.lockstep.plan import PASSES
         >>> [PROFILES["quick"].pass_examples(k) for k in PASSES]
-        [60, 2, 5, 1, 1, 1, 3]
+        [60, 2, 5, 1, 1, 1, 1, 3]
         """
         fixed = {
             "wide": self.wide_examples,
             "long": self.long_examples,
+            "split": self.split_examples,
             "large pool": self.large_pool_examples,
             "production": self.production_examples,
             "feature": self.feature_examples,
@@ -119,8 +123,15 @@ class Profile:
         return max(1, override * fixed[kind] // self.max_examples)
 
     def pass_steps(self, kind: str) -> int:
-        """Rules per example of a pass: fewer where each step runs many sequences or blocks."""
-        return max(3, self.steps // 4) if kind in ("wide", "production") else self.steps
+        """Rules per example of a pass: fewer where each step runs many sequences or blocks, or
+        decodes a context long enough to split (the passes whose opening is the point).
+
+        >>> [PROFILES["quick"].pass_steps(k) for k in ("short", "feature", "split", "wide")]
+        [20, 10, 5, 5]
+        """
+        if kind in ("wide", "production", "split"):
+            return max(3, self.steps // 4)
+        return max(3, self.steps // 2) if kind == "feature" else self.steps
 
 
 PROFILES = {
@@ -130,10 +141,30 @@ PROFILES = {
             "quick", 60, 20, 5, "the default: 1.5 minutes on 2 CPUs (--jobs 2), Triton interpreted"
         ),
         Profile(
-            "standard", 300, 40, 25, "before a release or after a kernel change", 8, 4, 3, 3, 12
+            "standard",
+            300,
+            40,
+            25,
+            "before a release or after a kernel change",
+            8,
+            4,
+            3,
+            3,
+            12,
+            split_examples=2,
         ),
         Profile(
-            "thorough", 2000, 60, 150, "nightly, or when hunting a rare bug", 40, 15, 10, 10, 60
+            "thorough",
+            2000,
+            60,
+            150,
+            "nightly, or when hunting a rare bug",
+            40,
+            15,
+            10,
+            10,
+            60,
+            split_examples=5,
         ),
     )
 }
@@ -183,6 +214,7 @@ class RunResult:
     failures: list[PassFailure] = field(default_factory=list)  # each failing pass, first first
     jobs: int = 1  # shards run side by side (conformance.run.parallel), merged into this result
     cause: Cause | None = None  # the current failure's cause (conformance.run.causes)
+    failing_config: WorkloadConfig | None = None  # the current failure's example, if one
 
     @property
     def passed(self) -> bool:
@@ -296,7 +328,11 @@ def run_suite(
                 db = None if causes else open_database(database, backend_ref + suffix)
                 shrink = control.shrink and not result.failures  # later failures: as found
                 config = _settings(count, chosen.pass_steps(plan_now.kind), db, shrink)
-                this = replace(plan_now, capabilities=excluding(plan_now.capabilities, causes))
+                this = replace(
+                    plan_now,
+                    capabilities=excluding(plan_now.capabilities, causes),
+                    poison=_poison_after(plan_now.poison, causes),
+                )
                 split = _Split(None if causes else result.shard, None if causes else claims)
                 split.offset = offset
                 if (causes and this.vetoed()) or not _run_pass(
@@ -311,14 +347,14 @@ def run_suite(
                 if result.difference is None:
                     break
                 _note_shrinking(result, clock)
-                cause = result.cause
+                cause = result.cause = _cause(result, backend, oracle)
                 result.failures.append(take_failure(result, shown))
                 _note_failure_margins(result)
                 if not control.every_pass or result.difference.what in FATAL:
                     break
                 _clear_failure(result, clock)
                 watch.send({"t": "start", "result": result})  # the parent keeps the failures
-                if cause is None or cause in causes or len(causes) >= MAX_CAUSES:
+                if cause is None or cause.final or cause in causes or len(causes) >= MAX_CAUSES:
                     break
                 causes.append(cause)  # the pass again, drawn without it: the next failure
                 if result.stopped or result.interrupted or clock.spent():
@@ -381,6 +417,7 @@ def take_failure(result: RunResult, pass_name: str) -> PassFailure:
         result.flaky,
         result.stats.first_failure_example,
         cause=None if result.cause is None else result.cause.describe(),
+        isolated=result.cause is not None and result.cause.found != "unisolated",
     )
 
 
@@ -388,6 +425,7 @@ def _clear_failure(result: RunResult, clock: _Clock) -> None:
     """Ready the next pass: no current failure, the clock's shrink limit for a new one."""
     result.difference, result.workload, result.shrunk = None, [], False
     result.shrink_note, result.flaky, result.cause = "", False, None
+    result.failing_config = None
     result.stats.first_failure_example = None
     clock.failure_at = None
 
@@ -406,7 +444,22 @@ def _note_failure_margins(result: RunResult) -> None:
 
 
 def _listed(causes: list[Cause]) -> str:
-    return ", ".join(c.describe() for c in causes)
+    return ", ".join(c.excluded() for c in causes)
+
+
+def _cause(result: RunResult, backend: Backend, oracle: OracleChoice) -> Cause | None:
+    """The cause of the pass's failure (:func:`~conformance.run.isolate.find_cause`); ``None``
+    for a fault of the run (a hang, a crash) or a failure outside any example."""
+    diff, config = result.difference, result.failing_config
+    if diff is None or config is None or diff.what in FATAL or not result.control.every_pass:
+        return None  # (a run that stops at its first failure draws nothing without it)
+    mode = result.control.check_bounds
+    return find_cause(backend, result.workload, config, diff, mode, oracle)
+
+
+def _poison_after(poison: str, causes: list[Cause]) -> str:
+    """The pass's poison once ``causes`` are out: finite after a read of unowned memory."""
+    return "finite" if poison == "nan" and any(c.finite_poison for c in causes) else poison
 
 
 def _nothing_to_draw(name: str, plan: Plan, causes: list[Cause]) -> str:
@@ -745,9 +798,7 @@ def _hypothesis(
 
 def _record(result: RunResult, failure: ConformanceFailure, shrunk: bool) -> None:
     result.difference, result.workload, result.shrunk = failure.difference, failure.log, shrunk
-    if failure.config is not None:
-        diff = failure.difference
-        result.cause = cause_of(failure.config, diff.layer, diff.diagnosis, diff.what)
+    result.failing_config = failure.config
     if not shrunk:
         result.shrink_note = "not shrunk (--no-shrink)" if not result.control.shrink else ""
 

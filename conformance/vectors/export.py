@@ -336,7 +336,7 @@ def export_vectors(
             database=None,
             max_examples=examples,
             shrink=False,
-            control=RunControl(poison=False),  # the format holds finite data only
+            control=RunControl(poison="off"),  # the format holds finite data only
         )
         if not result.passed:
             detail = "" if result.difference is None else result.difference.describe()

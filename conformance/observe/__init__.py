@@ -1,0 +1,1 @@
+"""What a backend actually did: its Triton kernel launches, and the kernel paths they ran."""
