@@ -119,19 +119,19 @@ Admission(cached_tokens=0, new_tokens=12)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from spec.batch import BatchMetadata, StateLayout, build_batch
 from spec.block_manager import PAD_BLOCK, PAD_SLOT, BlockManager
 from spec.block_pool import BlockPool
+from spec.cache_step import CacheStep
 from spec.errors import (
     ArgumentValueError,
     CapacityError,
     DuplicateSequenceError,
     OutOfBlocksError,
-    SpeculationError,
     UnknownSequenceError,
 )
+from spec.host_memory import HostMemory
 from spec.kv_budget import cdiv
 from spec.kv_groups import FIXED_STATE, FULL_ATTENTION, KVCacheGroup, StateManager, StatePool
 from spec.kv_groups import sliding_window as sliding_window
@@ -183,18 +183,7 @@ class CacheUsage:
     prefix_hit_tokens: int  # cumulative
 
 
-@dataclass(frozen=True)
-class _Parked:
-    """A swapped-out sequence: its host blocks per paged group, where each group's held
-    entries began, and its state's host slot."""
-
-    out: SwapOut  # the swap-out the engine was handed
-    host_blocks: tuple[tuple[int, ...], ...]  # per paged group, its host blocks
-    released: tuple[int, ...]  # per paged group, where its held entries began
-    host_state: int | None  # the state's host slot; None: no state group
-
-
-class CacheManager:
+class CacheManager(CacheStep):
     """A scheduler's device memory (one block pool shared by the paged groups, a state pool)
     and host memory (a :class:`HostPool` of blocks, one of state slots).
 
@@ -247,9 +236,7 @@ class CacheManager:
         has_state = FIXED_STATE in self._groups
         slots = check_int("num_state_slots", num_state_slots, low=0)
         self._state = StateManager(StatePool(slots)) if has_state else None
-        self._host = HostPool(num_host_blocks)
-        self._host_state = HostPool(check_int("num_host_state_slots", num_host_state_slots, low=0))
-        self._swapped: dict[int, _Parked] = {}  # seq id -> where its memory went
+        self._host = HostMemory(num_host_blocks, num_host_state_slots)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> CacheManager:
@@ -295,7 +282,7 @@ class CacheManager:
 
     @property
     def host(self) -> HostPool:
-        return self._host
+        return self._host.blocks
 
     # -- capacity: admission control and static batching ---------------------------
 
@@ -378,9 +365,8 @@ class CacheManager:
 
     def _can_admit(self, tokens: tuple[int, ...], chunk_limit: int) -> bool:
         chunk_limit = check_positive("chunk_limit", chunk_limit)
-        return self._admission_cost(tokens, chunk_limit) <= self._pool.num_available and (
-            self._state is None or self._state.pool.num_free > 0
-        )
+        cost = self._admission_cost(tokens, chunk_limit)
+        return cost <= self._pool.num_available and self._state_slot_free()
 
     def admit(self, seq_id: int, tokens: Sequence[int], chunk_limit: int) -> Admission:
         """Start sequence ``seq_id``: share its cached prefix, give slots to its first chunk."""
@@ -390,8 +376,7 @@ class CacheManager:
         tokens = check_token_ids("tokens", tokens)
         if not self._can_admit(tokens, chunk_limit):
             raise OutOfBlocksError(f"sequence {seq_id}: too few blocks to admit it now")
-        cached = self._cached(tokens)
-        num_new = min(len(tokens) - cached, chunk_limit)
+        cached, num_new = self._first_chunk(tokens, chunk_limit)
         for m in self._managers:  # every group's hits first, then fresh blocks
             m.add_sequence(seq_id, tokens, max_cached=cached)
         for m in self._managers:
@@ -402,126 +387,24 @@ class CacheManager:
 
     def _admission_cost(self, tokens: tuple[int, ...], chunk_limit: int) -> int:
         """Available blocks admission would consume, over every paged group."""
-        cached = self._cached(tokens)
-        num_new = min(len(tokens) - cached, chunk_limit)
+        cached, num_new = self._first_chunk(tokens, chunk_limit)
         return sum(m.blocks_to_admit(tokens, num_new, max_cached=cached) for m in self._managers)
 
-    # -- growth ----------------------------------------------------------------------
+    def _first_chunk(self, tokens: tuple[int, ...], chunk_limit: int) -> tuple[int, int]:
+        """``(cached, new)``: the prefix every group supplies, then the tokens given slots now."""
+        cached = self._cached(tokens)
+        return cached, min(len(tokens) - cached, chunk_limit)
 
-    def can_grow(self, seq_id: int, num_new: int, *, num_draft: int = 0) -> bool:
-        """Could running sequence ``seq_id`` get slots for ``num_new`` more tokens now?
-
-        Counts what every group takes (new blocks, copy-on-write copies) less
-        what windows give back first. When ``num_draft`` of them are drafts,
-        a state group also needs ``1 + num_draft`` free lookahead slots.
-        """
-        k = check_int("num_draft", num_draft, low=0)
-        if k and self._state is not None and not self._state.can_draft(k):
-            return False
-        if len(self._managers) == 1:
-            return self._managers[0].can_append(seq_id, num_new)
-        return self._growth(seq_id, num_new) <= self._pool.num_available
-
-    def grow(self, seq_id: int, tokens: Sequence[int], *, num_draft: int = 0) -> list[int]:
-        """Give slots to the next ``tokens`` of a running sequence (copy-on-write first).
-
-        Returns group 0's slots. Windows release first, then every group
-        appends. The last ``num_draft`` tokens are drafts: every paged group
-        gives them lookahead slots, and a state group lookahead state slots.
-        """
-        toks = check_token_ids("tokens", tokens)
-        k = check_int("num_draft", num_draft, low=0)
-        if k:
-            self._check_draft(seq_id, len(toks), k)
-        if len(self._managers) == 1:
-            slots = self._managers[0].append_slots(seq_id, toks, num_draft=k)
-            if k and self._state is not None:
-                self._state.draft(seq_id, k)
-            return slots
-        if not self.can_grow(seq_id, len(toks), num_draft=k):
-            self._pool.num_allocation_failures += 1
-            raise OutOfBlocksError(
-                f"sequence {seq_id} needs {self._growth(seq_id, len(toks))} more blocks over its "
-                f"KV cache groups for {len(toks)} tokens, {self._pool.num_available} available"
-            )
-        for m in self._managers:
-            m.release_expired(seq_id)
-        slots = self._managers[0].append_slots(seq_id, toks, num_draft=k)
-        for m in self._managers[1:]:
-            m.append_slots(seq_id, toks, num_draft=k)
-        if k and self._state is not None:
-            self._state.draft(seq_id, k)
-        return slots
-
-    def _check_draft(self, seq_id: int, num_tokens: int, num_draft: int) -> None:
-        """Refuse a draft the managers would refuse half-way (state slots, drafts in flight)."""
-        m = self._managers[0]
-        if m.num_drafts(seq_id):
-            raise SpeculationError(
-                f"seq_id {seq_id} has {m.num_drafts(seq_id)} drafts in flight: verify or "
-                "roll them back before drafting again"
-            )
-        if num_draft >= num_tokens:
-            raise ArgumentValueError(
-                f"num_draft must be below the {num_tokens} tokens appended (the last verified "
-                f"token comes before the drafts), got {num_draft}"
-            )
-        if self._state is not None and not self._state.can_draft(num_draft):
-            self._pool.num_allocation_failures += 1
-            raise OutOfBlocksError(
-                f"state pool: seq_id {seq_id} needs {1 + num_draft} lookahead state slots, "
-                f"{self._state.pool.num_free} free"
-            )
-
-    # -- speculation: verify or roll back -------------------------------------------------
-
-    def num_drafts(self, seq_id: int) -> int:
-        """Drafts in flight for running ``seq_id`` (0 unless it speculates)."""
-        return self.manager.num_drafts(seq_id)
-
-    def verify(self, seq_id: int, num_accepted: int) -> list[int]:
-        """Accept ``num_accepted`` drafts of ``seq_id`` in every group; return group 0's
-        rejected slots. Blocks holding only rejected tokens return to the pool now."""
-        rejected = self.manager.verify(seq_id, num_accepted)  # checks all; the rest follow
-        for m in self._managers[1:]:
-            m.verify(seq_id, num_accepted)
-        if self._state is not None:
-            self._state.verify(seq_id, num_accepted)
-        return rejected
-
-    def rollback(self, seq_id: int) -> list[int]:
-        """Reject every draft in flight of ``seq_id`` in every group; return group 0's slots.
-
-        The last verified token stays. If the step ran, its KV is written and
-        so is the state after it (lookahead slot 0, which the state keeps: a
-        rollback then equals verifying no draft); if not, both are still to
-        compute, from the checkpoint.
-        """
-        ran = not self.manager.num_uncommitted(seq_id) if seq_id in self.manager else False
-        rejected = self.manager.rollback(seq_id)
-        for m in self._managers[1:]:
-            m.rollback(seq_id)
-        if self._state is not None:
-            if ran:
-                self._state.verify(seq_id, 0)
-            else:
-                self._state.rollback(seq_id)
-        return rejected
-
-    def _growth(self, seq_id: int, num_new: int) -> int:
-        """Net blocks ``num_new`` more tokens take from the pool, over every group."""
-        return sum(
-            m.blocks_needed(seq_id, num_new) - m.blocks_reclaimed(seq_id) for m in self._managers
-        )
+    def _state_slot_free(self) -> bool:
+        """A state group, if any, has a free slot: what a new, resumed or forked sequence needs."""
+        return self._state is None or self._state.pool.num_free > 0
 
     # -- preemption and resumption ------------------------------------------------------
 
     def can_swap_out(self, seq_id: int) -> bool:
         """Do the host pools have room for every block (and the state) of running ``seq_id``?"""
         held = sum(len(self._held_verified(m, seq_id)) for m in self._managers)
-        return held <= self._host.num_free and (
-            self._state is None or self._host_state.num_free > 0
-        )
+        return self._host.can_park(held, state=self._state is not None)
 
     def preempt(self, seq_id: int, *, swap: bool) -> SwapOut | None:
         """Take a running sequence's device memory back now: to the host if ``swap``, else dropped.
@@ -539,28 +422,17 @@ class CacheManager:
             self._free_device(seq_id)
             return None
         if not self.can_swap_out(seq_id):
-            need, free = sum(len(h) for h in held), self._host.num_free
+            need, free = sum(len(h) for h in held), self._host.blocks.num_free
             raise OutOfBlocksError(
                 f"host pool: sequence {seq_id} needs {need} blocks and its state, {free} free"
             )
         if self.num_drafts(seq_id):
             self.rollback(seq_id)
-        hosts = self._host.allocate(sum(len(h) for h in held))
-        per_group, start = [], 0
-        for h in held:
-            per_group.append(tuple(hosts[start : start + len(h)]))
-            start += len(h)
-        state = None
-        if self._state is not None:
-            state = (self._state.source(seq_id), self._host_state.allocate(1)[0])
-        device = tuple(b for h in held for b in h)
-        out = SwapOut(seq_id, device, tuple(hosts), self.manager.num_tokens(seq_id), state)
+        state = None if self._state is None else self._state.source(seq_id)
         released = tuple(
             len(m.block_table(seq_id)) - len(h) for m, h in zip(self._managers, held, strict=True)
         )
-        self._swapped[seq_id] = _Parked(
-            out, tuple(per_group), released, None if state is None else state[1]
-        )
+        out = self._host.park(seq_id, held, released, self.manager.num_tokens(seq_id), state)
         self._free_device(seq_id)
         return out
 
@@ -572,12 +444,10 @@ class CacheManager:
 
     def can_swap_in(self, seq_id: int, num_new: int) -> bool:
         """Could swapped-out ``seq_id`` come back into fresh blocks, plus ``num_new`` tokens?"""
-        parked = self._swapped_out(seq_id)
+        parked = self._host.parked(seq_id)
         t, k = parked.out.num_tokens, check_int("num_new", num_new, low=0)
         need = sum(m.blocks_to_restore(t, k) for m in self._managers)
-        return need <= self._pool.num_available and (
-            self._state is None or self._state.pool.num_free > 0
-        )
+        return need <= self._pool.num_available and self._state_slot_free()
 
     def swap_in(self, seq_id: int, tokens: Sequence[int], num_new: int) -> SwapIn:
         """Bring ``seq_id`` back: fresh blocks for its swapped tokens and ``num_new`` more.
@@ -587,7 +457,7 @@ class CacheManager:
         :class:`SwapIn` says through which slots), the next ``num_new`` are new.
         A windowed group brings back only the blocks its window still needs.
         """
-        parked = self._swapped_out(seq_id)
+        parked = self._host.parked(seq_id)
         tokens = check_token_ids("tokens", tokens)
         n, num_new = parked.out.num_tokens, check_int("num_new", num_new, low=0)
         if len(tokens) < n + num_new:
@@ -609,16 +479,8 @@ class CacheManager:
         state = None
         if self._state is not None and parked.host_state is not None:
             state = (parked.host_state, self._state.add(seq_id))
-            self._host_state.free([parked.host_state])
-        self._host.free(parked.out.host_blocks)
-        del self._swapped[seq_id]
+        self._host.unpark(seq_id)
         return SwapIn(seq_id, tuple(hosts), tuple(slots), state)
-
-    def _swapped_out(self, seq_id: int) -> _Parked:
-        swapped = self._swapped.get(check_int("seq_id", seq_id, low=0))
-        if swapped is None:
-            raise UnknownSequenceError(f"sequence {seq_id} is not swapped out")
-        return swapped
 
     # -- forks and the end of a sequence ----------------------------------------------------
 
@@ -627,7 +489,7 @@ class CacheManager:
         needs a free slot for the child's own state."""
         if parent_id not in self.manager:
             raise UnknownSequenceError(f"parent_id {parent_id} holds no device memory")
-        return self._state is None or self._state.pool.num_free > 0
+        return self._state_slot_free()
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Start ``child_id`` sharing every held block of ``parent_id`` (copy-on-write later),
@@ -644,18 +506,15 @@ class CacheManager:
     def holds(self, seq_id: int) -> bool:
         """Does ``seq_id`` hold device or host memory?"""
         seq_id = check_int("seq_id", seq_id, low=0)
-        return seq_id in self.manager or seq_id in self._swapped
+        return seq_id in self.manager or seq_id in self._host
 
     def release(self, seq_id: int) -> None:
         """Free whatever ``seq_id`` holds, device or host (a finish, an abort)."""
         seq_id = check_int("seq_id", seq_id, low=0)
         if seq_id in self.manager:
             self._free_device(seq_id)
-        elif seq_id in self._swapped:
-            parked = self._swapped.pop(seq_id)
-            self._host.free(parked.out.host_blocks)
-            if parked.host_state is not None:
-                self._host_state.free([parked.host_state])
+        elif seq_id in self._host:
+            self._host.unpark(seq_id)
         else:
             raise UnknownSequenceError(f"sequence {seq_id} holds no memory")
 
@@ -665,32 +524,14 @@ class CacheManager:
         if self._state is not None:
             self._state.free(seq_id)
 
-    # -- the step's layout -----------------------------------------------------------------
-
-    def layout(self, scheduled: Sequence[tuple[int, int]]) -> BatchMetadata:
-        """The step's batch metadata for ``(seq_id, num_new_tokens)`` rows, copies included.
-
-        The memory side lays the batch out because the tables are its own:
-        one per paged group (``batch.tables(g)``), and each row's state slot
-        with the step's state copies (``batch.state``) when there is a state group.
-        """
-        if self._state is None:
-            return build_batch(self.manager, scheduled, groups=self._managers[1:])
-        st = self._state
-        slots = tuple(st.slot(seq_id) for seq_id, _ in scheduled)
-        ahead = tuple(st.lookahead(seq_id) for seq_id, _ in scheduled)
-        batch = build_batch(self.manager, scheduled, groups=self._managers[1:])
-        lookahead = ahead if any(ahead) else ()
-        return replace(batch, state=StateLayout(slots, tuple(st.take_copies()), lookahead))
-
     # -- reporting and checks --------------------------------------------------------------
 
     def host_blocks(self, seq_id: int) -> tuple[int, ...]:
         """The host blocks a swapped-out sequence's KV sits in (every group's)."""
-        return self._swapped_out(seq_id).out.host_blocks
+        return self._host.parked(seq_id).out.host_blocks
 
     def swapped_ids(self) -> list[int]:
-        return list(self._swapped)
+        return self._host.ids()
 
     def usage(self) -> CacheUsage:
         m, pool = self.manager, self._pool
@@ -717,11 +558,8 @@ class CacheManager:
                 assert m.tokens(s) == first.tokens(s), f"sequence {s}: group {i} tokens differ"
         if self._state is not None:
             self._state.check_integrity(first.sequence_ids())
-        self._host.check_integrity([b for p in self._swapped.values() for b in p.out.host_blocks])
-        self._host_state.check_integrity(
-            [p.host_state for p in self._swapped.values() if p.host_state is not None]
-        )
-        both = set(self._swapped) & set(first.sequence_ids())
+        self._host.check_integrity()
+        both = set(self._host.ids()) & set(first.sequence_ids())
         assert not both, f"sequences {sorted(both)} hold device and host blocks"
 
 

@@ -27,16 +27,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Tokens
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 
+from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
 from spec.cache_manager import CacheManager
-from spec.errors import ArgumentTypeError, ArgumentValueError, CapacityError, InvalidRequestError
+from spec.errors import ArgumentTypeError, ArgumentValueError, InvalidRequestError
 from spec.metrics import MetricsRecorder, StepStats
 from spec.request import Request, SeqStatus, Sequence
-from spec.sched_policy import SchedulerConfig, rank
+from spec.sched_policy import SchedulerConfig
 from spec.sched_queue import RankedQueue
+from spec.sched_requests import RequestBook
 from spec.sched_types import FinishedRequest, SampleSlot, SchedulerOutput
 from spec.swap import HostPool, SwapIn, SwapOut
 from spec.validate import check_instance, check_int, check_token_id, check_token_ids, is_int
@@ -59,6 +61,44 @@ class _Plan:
     drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq id -> drafts to verify
     allocation_failures: int = 0  # times a sequence found too few blocks
 
+    def charge(self, seq: Sequence, k: int, drafts: tuple[int, ...]) -> None:
+        """``seq``'s next ``k`` tokens and ``drafts`` (with slots now) compute this step: all of
+        them count in the budget; only the ``k`` count as computed until verified."""
+        seq.num_computed += k
+        self.budget -= k + len(drafts)
+        self.scheduled.append((seq, k))
+        if drafts:
+            self.drafts[seq.seq_id] = drafts
+
+    def rows(self) -> list[tuple[int, int]]:
+        """The batch's ``(seq_id, query tokens)`` rows: each row's tokens, then its drafts."""
+        return [(s.seq_id, k + len(self.drafts.get(s.seq_id, ()))) for s, k in self.scheduled]
+
+    def token_ids(self) -> tuple[int, ...]:
+        """The step's input tokens, row after row: the ``k`` charged, then the drafts."""
+        token_ids: list[int] = []
+        for seq, k in self.scheduled:
+            token_ids.extend(seq.tokens[seq.num_computed - k : seq.num_computed])
+            token_ids.extend(self.drafts.get(seq.seq_id, ()))
+        return tuple(token_ids)
+
+    def output(
+        self, step: int, batch: BatchMetadata, samples: list[SampleSlot], aborted: tuple[int, ...]
+    ) -> SchedulerOutput:
+        """The step as the engine reads it: the batch, its inputs, and what moved."""
+        return SchedulerOutput(
+            step=step,
+            batch=batch,
+            token_ids=self.token_ids(),
+            samples=tuple(samples),
+            preempted=tuple(self.preempted),
+            resumed=tuple(self.resumed),
+            swap_out=tuple(self.swap_out),
+            swap_in=tuple(self.swap_in),
+            aborted=aborted,
+            drafts=tuple(self.drafts.items()),
+        )
+
 
 class ContinuousScheduler:
     """Iteration-level scheduling over one :class:`CacheManager` (see :mod:`spec.scheduler`)."""
@@ -67,16 +107,13 @@ class ContinuousScheduler:
         self._config = check_instance("config", config, SchedulerConfig)
         self._cache = CacheManager.from_config(config)
         self._metrics = MetricsRecorder()
-        self._requests: dict[int, list[Sequence]] = {}
-        self._results: dict[int, FinishedRequest] = {}
+        self._book = RequestBook()  # every request: its samples, ids and result
         self._waiting = RankedQueue()  # never admitted, or preempted by recomputation
         self._swapped = RankedQueue()  # preempted by swapping: their KV is on the host
         self._running: dict[int, Sequence] = {}  # seq id -> sequence; they hold device blocks
         self._pending: SchedulerOutput | None = None
         self._proposals: dict[int, tuple[int, ...]] = {}  # seq id -> drafts for the next step
         self._aborted: list[int] = []
-        self._next_seq_id = 0
-        self._arrivals = 0
         self._step = 0
 
     # -- the protocol ------------------------------------------------------------
@@ -112,52 +149,20 @@ class ContinuousScheduler:
         ``max_model_len``, more samples than ``max_num_seqs``, or a sample that
         could not fit the whole pool.
         """
-        cfg = self._config
-        request = check_instance("request", request, Request)
-        rid = request.request_id
-        if rid in self._requests:
-            raise ArgumentValueError(f"request_id {rid} was already submitted")
-        total = len(request.prompt) + request.max_new_tokens
-        if total > cfg.max_model_len:
-            raise CapacityError(
-                f"request {rid}: prompt {len(request.prompt)} + max_new_tokens "
-                f"{request.max_new_tokens} = {total} tokens exceeds "
-                f"max_model_len {cfg.max_model_len}"
-            )
-        if request.n > cfg.max_num_seqs:
-            raise CapacityError(
-                f"request {rid}: n = {request.n} samples exceeds max_num_seqs {cfg.max_num_seqs}"
-            )
+        request = self._book.check_new(request, self._config)
         self._cache.check_admissible(request)
-        seq = Sequence(
-            self._new_seq_id(),
-            request,
-            0,
-            self._arrivals,
-            list(request.prompt),
-            rank(
-                cfg,
-                priority=request.priority,
-                submit_step=self._step,
-                arrival=self._arrivals,
-                sample_index=0,
-            ),
-            submit_step=self._step,
-        )
-        seq.forked = request.n == 1
-        self._arrivals += 1
-        self._requests[rid] = [seq]
-        self._enqueue_new(seq)
+        self._enqueue_new(self._book.add(request, self._config, self._step))
         self._metrics.on_submit(
-            rid, request.request_class, step=self._step, arrival_time=request.arrival_time
+            request.request_id,
+            request.request_class,
+            step=self._step,
+            arrival_time=request.arrival_time,
         )
 
     def abort(self, request_id: int) -> None:
         """Drop a request (between steps): free its device and host blocks now."""
         request_id = check_int("request_id", request_id)
-        seqs = self._requests.get(request_id)
-        if seqs is None or request_id in self._results:
-            raise ArgumentValueError(f"request_id {request_id} is not in flight")
+        seqs = self._book.in_flight(request_id)
         if self._pending is not None:
             raise InvalidRequestError("abort() between update() and step(), not mid-step")
         for seq in seqs:
@@ -165,7 +170,7 @@ class ContinuousScheduler:
                 continue
             self._release(seq)
             seq.status = SeqStatus.ABORTED
-        self._results[request_id] = self._result(request_id, aborted=True)
+        self._book.finish(request_id, aborted=True)
         self._metrics.on_finish(request_id, step=self._step, aborted=True)
         self._aborted.append(request_id)
 
@@ -189,11 +194,7 @@ class ContinuousScheduler:
         return bool(self._waiting or self._swapped or self._running or self._pending)
 
     def result(self, request_id: int) -> FinishedRequest:
-        request_id = check_int("request_id", request_id)
-        try:
-            return self._results[request_id]
-        except KeyError:
-            raise ArgumentValueError(f"request_id {request_id} has not finished") from None
+        return self._book.result(request_id)
 
     def step(self) -> SchedulerOutput:
         """Decide this step: running first, then (if nothing was preempted) admissions."""
@@ -223,8 +224,7 @@ class ContinuousScheduler:
         tokens = _check_sampled(out, sampled)
         for slot in out.samples:  # forks first: the children copy the prompt, not the token
             if slot.sample_index > 0 and slot.seq_id not in self._running:
-                parent = self._requests[slot.request_id][0]
-                self._fork(parent, slot)
+                self._fork(self._book.samples(slot.request_id)[0], slot)
         finished = []
         drafts = dict(out.drafts)
         for slot in out.samples:
@@ -372,40 +372,19 @@ class ContinuousScheduler:
     # -- step, part 3: the batch -------------------------------------------------------
 
     def _charge(self, seq: Sequence, k: int, plan: _Plan, drafts: tuple[int, ...] = ()) -> None:
-        """Record that ``seq``'s next ``k`` tokens and ``drafts`` (with slots now) compute this
-        step: all of them count in the budget; only the ``k`` count as computed until verified."""
-        seq.num_computed += k
-        plan.budget -= k + len(drafts)
-        plan.scheduled.append((seq, k))
-        if drafts:
-            plan.drafts[seq.seq_id] = drafts
+        """Charge ``seq``'s ``k`` tokens and ``drafts`` to the step (:meth:`_Plan.charge`)."""
+        plan.charge(seq, k, drafts)
         self._metrics.on_scheduled(seq.request.request_id, step=self._step)
 
     def _emit(self, plan: _Plan) -> SchedulerOutput:
-        drafts = plan.drafts
-        rows = [(s.seq_id, k + len(drafts.get(s.seq_id, ()))) for s, k in plan.scheduled]
-        batch = self._cache.layout(rows)
-        token_ids: list[int] = []
+        batch = self._cache.layout(plan.rows())
         samples: list[SampleSlot] = []
-        for row, (seq, k) in enumerate(plan.scheduled):
-            token_ids.extend(seq.tokens[seq.num_computed - k : seq.num_computed])
-            token_ids.extend(drafts.get(seq.seq_id, ()))
+        for row, (seq, _) in enumerate(plan.scheduled):
             if seq.num_computed == len(seq.tokens):
                 samples.extend(self._sample_slots(row, seq))
         self._record(plan, batch.num_seqs, batch.num_tokens)
         aborted, self._aborted = tuple(self._aborted), []
-        return SchedulerOutput(
-            step=self._step,
-            batch=batch,
-            token_ids=tuple(token_ids),
-            samples=tuple(samples),
-            preempted=tuple(plan.preempted),
-            resumed=tuple(plan.resumed),
-            swap_out=tuple(plan.swap_out),
-            swap_in=tuple(plan.swap_in),
-            aborted=aborted,
-            drafts=tuple(drafts.items()),
-        )
+        return plan.output(self._step, batch, samples, aborted)
 
     def _sample_slots(self, row: int, seq: Sequence) -> list[SampleSlot]:
         """One slot for a caught-up sequence; ``n`` at a fork, children's ids reserved now."""
@@ -413,11 +392,11 @@ class ContinuousScheduler:
         slots = [SampleSlot(row, seq.seq_id, rid, seq.sample_index, seq.num_generated)]
         if not seq.forked:
             for i in range(1, seq.request.n):
-                slots.append(SampleSlot(row, self._new_seq_id(), rid, i, 0))
+                slots.append(SampleSlot(row, self._book.new_seq_id(), rid, i, 0))
         return slots
 
     def _record(self, plan: _Plan, num_seqs: int, num_tokens: int) -> None:
-        usage = self._cache.usage()
+        """The step's statistics: the batch, the queues, the plan's events and the pool's usage."""
         self._metrics.add_step(
             StepStats(
                 step=self._step,
@@ -426,16 +405,11 @@ class ContinuousScheduler:
                 num_waiting=self._num_waiting(),
                 num_running=len(self._running),
                 num_swapped=len(self._swapped),
-                free_blocks=usage.free_blocks,
-                cached_blocks=usage.cached_blocks,
-                used_blocks=usage.used_blocks,
-                tail_waste=usage.tail_waste,
                 allocation_failures=plan.allocation_failures,
                 preemptions=len(plan.preempted),
                 swaps_out=len(plan.swap_out),
                 swaps_in=len(plan.swap_in),
-                prefix_queried_tokens=usage.prefix_queried_tokens,
-                prefix_hit_tokens=usage.prefix_hit_tokens,
+                **asdict(self._cache.usage()),
             )
         )
 
@@ -444,22 +418,7 @@ class ContinuousScheduler:
     def _fork(self, parent: Sequence, slot: SampleSlot) -> None:
         """Start sample ``slot.sample_index`` as a copy-on-write fork of the prompt's sequence."""
         self._cache.fork(parent.seq_id, slot.seq_id)
-        virtual, arrival, _ = parent.rank
-        child = Sequence(
-            slot.seq_id,
-            parent.request,
-            slot.sample_index,
-            parent.arrival,
-            list(parent.tokens),
-            (virtual, arrival, slot.sample_index),
-            submit_step=parent.submit_step,
-            num_computed=parent.num_computed,
-            status=SeqStatus.RUNNING,
-            forked=True,
-        )
-        parent.forked = True
-        self._requests[parent.request.request_id].append(child)
-        self._running[child.seq_id] = child
+        self._running[slot.seq_id] = self._book.fork(parent, slot)
 
     def _append_token(self, seq: Sequence, token: int) -> FinishedRequest | None:
         """Add a sampled token; on stop or length, free the sequence's blocks now."""
@@ -471,12 +430,11 @@ class ContinuousScheduler:
             return None
         self._release(seq)
         seq.status = SeqStatus.FINISHED
-        seqs = self._requests[rid]
-        if len(seqs) < seq.request.n or any(s.status is not SeqStatus.FINISHED for s in seqs):
+        if not self._book.all_finished(rid):
             return None
-        self._results[rid] = self._result(rid, aborted=False)
+        result = self._book.finish(rid, aborted=False)
         self._metrics.on_finish(rid, step=self._step)
-        return self._results[rid]
+        return result
 
     # -- hooks a variant may change ------------------------------------------------------
 
@@ -500,12 +458,6 @@ class ContinuousScheduler:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _result(self, request_id: int, *, aborted: bool) -> FinishedRequest:
-        seqs = sorted(self._requests[request_id], key=lambda s: s.sample_index)
-        return FinishedRequest(
-            request_id, tuple(s.outputs for s in seqs), tuple(s.seq_id for s in seqs), aborted
-        )
-
     def _chunk_limit(self, plan: _Plan) -> int:
         cap = self._config.max_chunk_tokens
         return plan.budget if cap is None else min(plan.budget, cap)
@@ -513,16 +465,11 @@ class ContinuousScheduler:
     def _chunk(self, seq: Sequence, plan: _Plan) -> int:
         return min(seq.remaining, self._chunk_limit(plan))
 
-    def _new_seq_id(self) -> int:
-        self._next_seq_id += 1
-        return self._next_seq_id - 1
-
     # -- inspection ----------------------------------------------------------------------
 
     def sequences(self) -> Iterable[Sequence]:
         """Every sequence ever created (read-only use: tests and tools inspect them)."""
-        for seqs in self._requests.values():
-            yield from seqs
+        return self._book.sequences()
 
     def check_integrity(self) -> None:
         """Assert that queues, statuses and memory agree (tests call this after every call).

@@ -22,6 +22,7 @@ SCHEDULER_MODULES = [
     "spec/sched_policy.py",
     "spec/sched_queue.py",
     "spec/sched_types.py",
+    "spec/sched_requests.py",
 ]
 FORBIDDEN_CALLS = {
     "cdiv",
