@@ -94,7 +94,12 @@ def _private_target(func: griffe.Function, name: str) -> griffe.Function | None:
     target = parent.all_members.get(name) if parent is not None and parent.is_class else None
     if target is None:
         target = func.module.members.get(name)
-    if target is None or target.is_alias or not target.is_function or target.path == func.path:
+    if target is not None and target.is_alias:  # inherited from a base class: its definition
+        try:
+            target = target.final_target  # type: ignore[union-attr]
+        except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+            return None  # a name from outside the package: not a rule of ours
+    if target is None or not target.is_function or target.path == func.path:
         return None
     return target  # type: ignore[return-value]
 
@@ -120,7 +125,13 @@ class PrivateCalls(griffe.Extension):
     the rules a public function delegates to are shown inside its entry instead.
     """
 
-    def on_function(self, *, func: griffe.Function, **kwargs: Any) -> None:
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """Once the whole package is loaded: a rule inherited from a base class in another
+        module resolves only then."""
+        for func in _functions(pkg):
+            self._note(func)
+
+    def _note(self, func: griffe.Function) -> None:
         if func.name.startswith("_") or func.parent is None:
             return
         rules = private_rules(func)
@@ -133,3 +144,16 @@ class PrivateCalls(griffe.Extension):
             func.docstring = griffe.Docstring(note, parent=func)
         else:
             func.docstring.value = func.docstring.value.rstrip() + "\n\n" + note
+
+
+def _functions(obj: griffe.Object) -> list[griffe.Function]:
+    """Every function defined in ``obj`` (a module or class), its submodules and classes."""
+    found: list[griffe.Function] = []
+    for member in obj.members.values():
+        if member.is_alias:
+            continue
+        if member.is_function:
+            found.append(member)  # type: ignore[arg-type]
+        elif member.is_class or member.is_module:
+            found += _functions(member)  # type: ignore[arg-type]
+    return found

@@ -161,6 +161,7 @@ def test_api_pages_show_fields_and_private_rules() -> None:
     append = spec["block_manager.BlockManager.append_slots"].docstring.value
     assert "Private rules it calls (" in append and "`_needs_copy`" in append, append
     assert "def _needs_copy(" in append and "def _copy_on_write(" in append
+    assert "def _release(" in append  # inherited from spec.block_table's BlockTables
     step = spec["scheduler.ContinuousScheduler.step"].docstring.value
     assert "def _admit(" in step and "def _preempt(" in step, step  # _preempt: called by a callee
     assert step.count("def _preempt(") == 1
