@@ -230,12 +230,28 @@ class BlockManager(PrefixHits, BlockInvariants):
         Released entries stay released in the child: it shares only what the
         parent holds.
 
-        A fork happens between steps: every token of the parent must already be
-        laid out in a batch (:meth:`take_copies`), because a copy runs before
-        its step's KV writes and would miss the parent's tokens of that step.
+        A fork happens between steps, with no drafts in flight (:meth:`check_fork`).
         """
         parent = self._get("parent_id", parent_id)
         cid = self._new_id("child_id", child_id)
+        self.check_fork(parent_id)
+        for block in parent.table[parent.released :]:
+            self.pool.incref(block)
+        self._seqs[cid] = replace(
+            parent, table=list(parent.table), tokens=list(parent.tokens), hashes=list(parent.hashes)
+        )
+
+    def check_fork(self, parent_id: int) -> None:
+        """Raise, naming ``parent_id``, unless that sequence may fork now (a pure check).
+
+        A fork happens between steps: every token of the parent must already be
+        laid out in a batch (:meth:`take_copies`), because a copy runs before
+        its step's KV writes and would miss the parent's tokens of that step.
+        And no drafts may be in flight, so the child starts from verified tokens.
+        These are misuses, not a lack of memory: a caller with pools to ask
+        (:meth:`spec.cache_manager.CacheManager.fork`) checks them first.
+        """
+        parent = self._get("parent_id", parent_id)
         if parent.num_draft:
             raise SpeculationError(
                 f"parent_id {parent_id} has {parent.num_draft} drafts in flight: fork after "
@@ -248,11 +264,6 @@ class BlockManager(PrefixHits, BlockInvariants):
                 f"sequence {parent_id}, which has {pending} tokens appended in the current "
                 "step: fork after the step's batch is built"
             )
-        for block in parent.table[parent.released :]:
-            self.pool.incref(block)
-        self._seqs[cid] = replace(
-            parent, table=list(parent.table), tokens=list(parent.tokens), hashes=list(parent.hashes)
-        )
 
     def _needs_copy(self, seq: _Sequence) -> bool:
         """The next token lands in the last block, and another *table* also holds that block.

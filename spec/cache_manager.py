@@ -493,12 +493,19 @@ class CacheManager(CacheStep):
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Start ``child_id`` sharing every held block of ``parent_id`` (copy-on-write later),
-        with a copy of its state in a slot of its own."""
+        with a copy of its state in a slot of its own.
+
+        A misuse is refused before memory is asked: a parent mid-step or with
+        drafts in flight raises :class:`~spec.errors.StepBoundaryError` or
+        :class:`~spec.errors.SpeculationError` naming ``parent_id``, even when
+        the state pool is full (its lookahead slots may be what fills it).
+        """
         if self.holds(check_int("child_id", child_id, low=0)):
             raise DuplicateSequenceError(f"child_id {child_id} already holds memory")
+        self.manager.check_fork(parent_id)  # every group holds the same tokens and drafts
         if not self.can_fork(parent_id):
             raise OutOfBlocksError(f"state pool: no free state slot to fork {parent_id} into")
-        for m in self._managers:  # the first raises (a step boundary, say) before any change
+        for m in self._managers:
             m.fork(parent_id, child_id)
         if self._state is not None:
             self._state.fork(parent_id, child_id)

@@ -19,7 +19,9 @@ After every rule:
   that was verified (never one with a rejected draft);
 * a step reads each state from a slot that holds exactly the state after the
   sequence's tokens before the step, and after verification the sequence's slot
-  holds the state after its verified tokens.
+  holds the state after its verified tokens; after a rollback, the slot its state
+  is in right now (``StateManager.source``: its own, or while a fork's copy into
+  it is pending, the copy's source) holds the state after the tokens it consumed.
 
 An invalid call raises its specific error, naming the argument, and changes nothing.
 """
@@ -245,7 +247,12 @@ class SpeculativeMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(self.m.num_drafts(s) for s in self.running()))
     @rule(data=st.data())
     def rollback(self, data: st.DataObject) -> None:
-        s = data.draw(st.sampled_from([s for s in self.running() if self.m.num_drafts(s)]))
+        self.roll_back(
+            data.draw(st.sampled_from([s for s in self.running() if self.m.num_drafts(s)]))
+        )
+
+    def roll_back(self, s: int) -> None:
+        """Reject every draft of ``s``; its state is then the one after the tokens it consumed."""
         ran, n, k = self.laid_out(s), self.m.num_tokens(s), self.m.num_drafts(s)
         rejected = self.cache.rollback(s)
         assert len(rejected) == k and self.m.num_tokens(s) == n - k
@@ -253,7 +260,8 @@ class SpeculativeMachine(RuleBasedStateMachine):
         if self.cache.state is not None:
             consumed = self.m.tokens(s)[: self.m.num_tokens(s) - self.m.num_uncommitted(s)]
             assert ran == (consumed == self.m.tokens(s))
-            assert self.state.get(self.cache.state.slot(s)) == consumed
+            # a child forked since the last step: its state is still the pending copy's source
+            assert self.state.get(self.cache.state.source(s)) == consumed
 
     # -- rules: preemption -----------------------------------------------------------------
 
@@ -348,14 +356,16 @@ class SpeculativeMachine(RuleBasedStateMachine):
     def the_prefix_cache_serves_only_verified_prefixes(self) -> None:
         if not hasattr(self, "cache") or self.cache.state is not None:
             return
-        if any(not self.laid_out(s) for s in self.running()):
-            return  # a block is named when its tokens have slots; its KV comes with the step
+        # Verified prefixes are recorded after every rule, mid-step too: one verified while
+        # another sequence awaits its step, then freed, stays cached after its sequence ends.
         for g, m in enumerate(self.cache.managers):
             keys = () if self.num_paged == 1 else (("kv cache group", g),)
             for s in m.sequence_ids():
                 verified = m.tokens(s)[: m.num_tokens(s) - m.num_drafts(s)]
                 for i, h in enumerate(prompt_block_hashes(verified, self.b, keys)):
                     self.verified[g][h] = verified[: (i + 1) * self.b]
+        if any(not self.laid_out(s) for s in self.running()):
+            return  # a block is named when its tokens have slots; its KV comes with the step
         pool = self.cache.pool
         for block in range(pool.num_blocks):
             name = pool.block_hash(block)
@@ -475,3 +485,70 @@ def test_machine_runs_each_kind(kind: str) -> None:
     machine.every_laid_out_token_holds_its_kv()
     if machine.cache.state is not None:
         assert machine.state[machine.cache.state.slot(0)] == machine.m.tokens(0)
+
+
+def test_a_fork_mid_step_or_mid_speculation_is_refused_before_the_state_pool_is_asked() -> None:
+    """A misuse names ``parent_id`` even when the state pool is full, and changes nothing:
+    mid-step (the parent's token is not laid out), then mid-speculation (its lookahead
+    state slots are what fills the pool)."""
+    cache = CacheManager(6, 1, groups=(FULL_ATTENTION, FIXED_STATE), num_state_slots=3)
+    state = cache.state
+    assert state is not None
+
+    def refused(error: type[SpecError]) -> None:
+        before = cache.pool.num_held, cache.manager.tokens(0), state.pool.num_free
+        with pytest.raises(error, match="parent_id"):
+            cache.fork(0, 3)
+        assert (cache.pool.num_held, cache.manager.tokens(0), state.pool.num_free) == before
+        assert not cache.holds(3) and state.pending_copies() == ()
+        cache.check_integrity()
+
+    cache.admit(0, [0], chunk_limit=1)
+    cache.layout([(0, 1)])
+    cache.admit(1, [0], chunk_limit=1)
+    cache.admit(2, [0], chunk_limit=1)
+    cache.grow(0, [1])  # mid-step, and every state slot is held
+    assert state.pool.num_free == 0
+    refused(StepBoundaryError)
+    cache.release(1)
+    cache.release(2)
+    cache.layout([(0, 1)])
+    cache.grow(0, [1, 2], num_draft=1)  # the checkpoint and 2 lookahead slots fill the pool
+    assert state.pool.num_free == 0
+    refused(SpeculationError)
+
+
+def test_a_rollback_before_the_step_leaves_a_forked_child_state_in_the_copy_source() -> None:
+    """A child forked and drafting before any step has run: its slot awaits the fork's copy,
+    so after a rollback its state (the parent's) is in the copy's source, and the next step
+    copies it in before reading the checkpoint."""
+    machine = SpeculativeMachine()
+    machine.build(block_size=1, kind="state", window=6, num_blocks=6)
+    machine.cache.admit(machine.next_seq(), [0], chunk_limit=1)
+    machine.step()
+    machine.cache.fork(0, machine.next_seq())
+    machine.cache.grow(1, [1, 0], num_draft=1)
+    machine.roll_back(1)
+    state = machine.cache.state
+    assert state is not None and state.source(1) == state.slot(0) != state.slot(1)
+    assert state.pending_copies() == ((state.slot(0), state.slot(1)),)
+    machine.step()  # reads the checkpoint after the copy: the state after (0,)
+    assert machine.state[state.slot(1)] == machine.m.tokens(1) == (0, 1)
+
+
+def test_a_prefix_verified_while_another_sequence_awaits_its_step_stays_known_when_freed() -> None:
+    """Sequence 0 verifies its draft while sequence 1 awaits its first step, then finishes:
+    its last block stays cached, named for a verified prefix the model must have recorded."""
+    machine = SpeculativeMachine()
+    machine.build(block_size=1, kind="full", window=1, num_blocks=6)
+    machine.cache.admit(machine.next_seq(), [0], chunk_limit=1)
+    machine.step()
+    machine.cache.grow(0, [0, 0], num_draft=1)
+    machine.step()
+    machine.cache.admit(machine.next_seq(), [0], chunk_limit=1)
+    machine.cache.verify(0, 1)
+    machine.the_prefix_cache_serves_only_verified_prefixes()  # sequence 1 is not laid out
+    machine.cache.release(0)
+    machine.step()
+    assert machine.cache.pool.num_cached == 3  # the KV of (0,), (0, 0) and (0, 0, 0)
+    machine.the_prefix_cache_serves_only_verified_prefixes()
