@@ -441,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = "\n".join(report)
     print(text)
     if args.out:
-        from conformance.reports.files import write_output  # the one rule for an output path
+        from conformance.output_files import write_output  # the one rule for an output path
 
         write_output(Path(args.out), text)
     return 0

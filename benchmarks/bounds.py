@@ -31,7 +31,8 @@ from backend_gpu.triton_backend import TritonBackend
 from benchmarks._batches import context_step
 from conformance.bounds.checker import MODES, BoundsChecker
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.batch import BatchMetadata
 from spec.block_manager import BlockManager
 from spec.kv_budget import cdiv

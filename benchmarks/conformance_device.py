@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.lockstep.driver import SWEEP_EVERY
+from conformance.lockstep.kv_check import SWEEP_EVERY
 from spec.kv_budget import cdiv
 
 BLOCK, HEADS, KV_HEADS, HEAD_DIM = 16, 32, 8, 128
@@ -140,7 +140,8 @@ class _TimedBackend:
 def _patch(clock: _Clock, oracle: str) -> None:
     """Time the suite's parts and force ``oracle`` on every step (in the child only)."""
     import conformance.judges.oracle as oracle_module
-    import conformance.lockstep.driver as drv
+    import conformance.lockstep.kv_check as kv_check
+    import conformance.lockstep.output_check as output_check
 
     oracle_module.FAST_THRESHOLD = 1 << 62 if oracle == "spec" else 0
     if oracle == "sent":
@@ -153,9 +154,14 @@ def _patch(clock: _Clock, oracle: str) -> None:
         setattr(oracle_module, "layer_cache", sent_afresh)  # noqa: B010
     from conformance.judges.numerics import ExampleMeter
 
-    setattr(drv, "reference_outputs", clock.wrap("reference", getattr(drv, "reference_outputs")))  # noqa: B009, B010
-    for name in ("output_errors", "first_output_difference", "first_kv_difference"):
-        setattr(drv, name, clock.wrap("comparison", getattr(drv, name)))
+    reference = clock.wrap("reference", getattr(output_check, "reference_outputs"))  # noqa: B009
+    setattr(output_check, "reference_outputs", reference)  # noqa: B010
+    for module, name in (
+        (output_check, "output_errors"),
+        (output_check, "first_output_difference"),
+        (kv_check, "first_kv_difference"),
+    ):
+        setattr(module, name, clock.wrap("comparison", getattr(module, name)))
     setattr(ExampleMeter, "add", clock.wrap("comparison", ExampleMeter.add))  # noqa: B010
 
 

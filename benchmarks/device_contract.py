@@ -33,7 +33,8 @@ import torch
 
 from backend_gpu.torch_backend import TorchBackend, make_device_backend
 from benchmarks.conformance import _Timed, workload_steps
-from conformance.lockstep.driver import WHOLE_POOL_SLOTS, Lockstep
+from conformance.lockstep.driver import Lockstep
+from conformance.lockstep.kv_check import WHOLE_POOL_SLOTS
 from conformance.lockstep.workload import WorkloadConfig, scale_for
 from paged_spec._cli import positive_int
 from spec.kv_budget import cdiv

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import SetupError
-from conformance.reports.files import check_output, write_output
+from conformance.output_files import check_output, write_output
 
 SCHEMA = 2
 NOTE = "GPU figures come only from a GPU: a dry run or a CPU machine reports none"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.adapters import ADAPTERS
-from conformance.reports.files import write_output
+from conformance.output_files import write_output
 
 __all__ = ["RUNS", "Run", "main", "page"]
 

@@ -25,7 +25,7 @@ _VARIES = (
     (re.compile(r"/tmp/[^\s'\"]+"), "<tmp>"),
     (re.compile(r"0x[0-9a-f]+"), "<addr>"),
 )
-_PROGRESS = re.compile(r"^\s*\.\.\. job \d+/\d+:")
+_PROGRESS = re.compile(r"^\s*\.\.\. ")  # progress lines: when they print varies
 _TIMING_KEYS = frozenset({"time_split", "wall_time_s", "slowest_call", "wall_s", "seconds"})
 
 

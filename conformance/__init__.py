@@ -20,7 +20,9 @@ from conformance.judges.compare import Difference
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.workload import WorkloadConfig
 from conformance.run.discovery import ENV_VAR, installed_backends, load_backend
-from conformance.run.runner import PROFILES, RunResult, run_suite
+from conformance.run.profiles import PROFILES
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 
 __all__ = [
     "ENV_VAR",

@@ -9,7 +9,7 @@ conformance failure; 2 a usage or setup error, with a message saying what to fix
 (an unwritable report path among them, found before the run); 3 a partial run:
 no failure, but the time budget cut it short (0 with ``--budget-passes``); 130
 the user pressed Ctrl-C or sent SIGTERM. Every report path is checked and
-marked incomplete before the run (:mod:`conformance.reports.files`), and
+marked incomplete before the run (:mod:`conformance.output_files`), and
 written after it by the one rule for an output path (a file atomically, a
 device or FIFO written through); a setup error leaves a SETUP ERROR report. A
 bug on the spec's side (:class:`~conformance.errors.SpecSideBug`) exits 2
@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 from conformance.errors import SetupError
 from conformance.judges.oracle import memory_limit_from
+from conformance.output_files import prepare, setup_errors_reported
 from conformance.planted.selftest import selftest
-from conformance.reports.files import prepare, setup_errors_reported
 from conformance.reports.report import text_report, write_json, write_junit
 from conformance.run.control import (
     DEFAULT_CALL_TIMEOUT_S,
@@ -48,7 +48,9 @@ from conformance.run.database import database_location
 from conformance.run.discovery import installed_backends, load_backend
 from conformance.run.isolation import Request, database_arg, run_isolated
 from conformance.run.parallel import MAX_JOBS, run_parallel
-from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
+from conformance.run.profiles import PROFILES
+from conformance.run.result import RunResult
+from conformance.run.runner import DATABASE_DIR, run_suite
 from conformance.run.shard import parse_shard
 from conformance.run.terminate import sigterm_as_sigint
 from conformance.scheduler.isolation import SchedulerRequest, run_scheduler_isolated

@@ -35,7 +35,8 @@ from conformance.run.control import (
     timeout_seconds,
 )
 from conformance.run.database import database_location
-from conformance.run.runner import DATABASE_DIR, PROFILES
+from conformance.run.profiles import PROFILES
+from conformance.run.runner import DATABASE_DIR
 from conformance.run.shard import Shard, parse_shard
 from conformance.testing import BackendConformance
 

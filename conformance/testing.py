@@ -48,7 +48,9 @@ from conformance.lockstep.workload import kv_parts
 from conformance.reports.report import summary_lines, text_report, write_json, write_junit
 from conformance.run.control import RunControl, environment_options
 from conformance.run.isolation import Request, database_arg, run_isolated
-from conformance.run.runner import DATABASE_DIR, PROFILES, RunResult, run_suite
+from conformance.run.profiles import PROFILES
+from conformance.run.result import RunResult
+from conformance.run.runner import DATABASE_DIR, run_suite
 from conformance.run.shard import Shard
 from spec.backend import Backend, FloatArray
 from spec.capabilities import Capabilities

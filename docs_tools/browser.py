@@ -320,7 +320,7 @@ class Browser:
             clip=clip | {"scale": 1},
         )
         # imported here: the sandbox's cells and tests read this module where numpy is absent
-        from conformance.reports.files import write_output
+        from conformance.output_files import write_output
 
         write_output(path, base64.b64decode(shot["data"]))  # the one rule for an output path
         return int(clip["width"]), int(clip["height"])

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from conformance.reports.files import write_output
+from conformance.output_files import write_output
 from docs_tools.latent_block import draw_latent_block
 from docs_tools.mixed_step import draw_mixed_step
 from paged_spec.sandbox import story

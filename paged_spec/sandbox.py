@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.out:
         from conformance.errors import SetupError
-        from conformance.reports.files import check_output_folder
+        from conformance.output_files import check_output_folder
 
         try:
             check_output_folder(args.out, "--out")
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(describe(scene.state)))
         print()
     if args.out:
-        from conformance.reports.files import write_output  # the one rule for an output path
+        from conformance.output_files import write_output  # the one rule for an output path
 
         for scene in scenes:
             write_output(args.out / f"{scene.name}.svg", scene.svg())

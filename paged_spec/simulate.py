@@ -149,7 +149,7 @@ def _downsample(tl: Timeline, points: int) -> dict[str, list[float]]:
 
 def write_outputs(results: dict[str, Any], out_dir: Path, *, plots: bool = True) -> list[Path]:
     """``results.json`` and (unless ``plots`` is false) the figures; return the paths written."""
-    from conformance.reports.files import write_output  # the one rule for an output path
+    from conformance.output_files import write_output  # the one rule for an output path
 
     path = out_dir / "results.json"
     write_output(path, json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"got {args.max_model_len}"
         )
     from conformance.errors import SetupError
-    from conformance.reports.files import check_output_folder
+    from conformance.output_files import check_output_folder
 
     try:
         cfg = SimConfig(

@@ -24,17 +24,16 @@ an fp8 cache stores, ``fp8(x / scale)``, and gathers ``stored * scale``:
 [1.25, 1.25]
 
 Where a GPU's division may land either side of an fp8 tie
-(:func:`spec.quant.quantize_range`), the memory also knows the other value a
-correct kernel may store, and :meth:`KVMemory.accept` keeps a backend's choice,
+(:func:`spec.quant.quantize_range`), a correct cache may hold either
+neighbour: the memory can be told to hold what one holds (:meth:`KVMemory.hold`),
 so that later attention reads the KV that is really there:
 
 >>> q.write(0, np.array([[[1.0625]]]), np.array([[[1.0]]]), slot_mapping=[1])  # 2.125: a tie
->>> float(q.k[0][0, 1, 0, 0]), float(q.others(0, [0])[0][0, 1, 0, 0])
-(2.0, 2.25)
->>> q.accept(0, 0, [1], np.array([[[2.25]]]))               # one element now holds 2.25
-1
->>> float(q.k[0][0, 1, 0, 0]), float(q.others(0, [0])[0][0, 1, 0, 0])
-(2.25, 2.0)
+>>> float(q.k[0][0, 1, 0, 0])
+2.0
+>>> q.hold(0, 0, [1], np.array([[[2.25]]]))
+>>> float(q.k[0][0, 1, 0, 0])
+2.25
 
 A pool of more than :data:`LAZY_ELEMENTS` elements per layer (a pool past
 2^31 elements, say) is *lazy*: it holds only the blocks written so far, so it
@@ -58,11 +57,12 @@ block_size, 1, head_dim]`` and no separate V. A token's row is ``[c_kv
 :meth:`KVMemory.write` takes ``key`` = c_kv ``[T, 1, latent_dim]`` and
 ``value`` = k_rope ``[T, 1, rope_dim]`` and stores their concatenation, and
 every read returns the same two column ranges (``k`` and ``v`` are views of
-them). Slots, copies, padding, laziness, NaN and fp8 are the rules above,
-unchanged; what attention reads of a row is :func:`spec.attention.latent_kv`.
+them; :meth:`KVMemory.write_latent` names the parts). Slots, copies, padding,
+laziness, NaN and fp8 are the rules above, unchanged; what attention reads of
+a row is :func:`spec.attention.latent_kv`.
 
 >>> lat = KVMemory(1, 2, 2, num_kv_heads=1, head_dim=3, latent_dim=2)   # rope_dim 1
->>> lat.write(0, np.array([[[1.0, 2.0]]]), np.array([[[9.0]]]), slot_mapping=[1])
+>>> lat.write_latent(0, c_kv=np.array([[[1.0, 2.0]]]), k_rope=np.array([[[9.0]]]), slot_mapping=[1])
 >>> lat.rows[0][0, 1, 0].tolist()                        # slot 1: block 0, offset 1
 [1.0, 2.0, 9.0]
 >>> [x.shape for x in lat.read_blocks(0, [0])]           # (c_kv, k_rope)
@@ -79,7 +79,7 @@ from numpy.typing import NDArray
 from spec.batch import PAD_BLOCK, check_copies
 from spec.block_manager import PAD_SLOT
 from spec.errors import ArgumentValueError, InvalidRequestError, UnknownBlockError
-from spec.quant import FP8_FORMATS, check_fp8_scale, dequantize, quantize, quantize_range
+from spec.quant import FP8_FORMATS, check_fp8_scale, dequantize, quantize
 from spec.validate import check_choice, check_int, check_ints, check_positive
 
 F64 = NDArray[np.float64]
@@ -230,12 +230,6 @@ class KVMemory:
         else:
             self.k = [np.full(shape, np.nan) for _ in range(num_layers)]
             self.v = [np.full(shape, np.nan) for _ in range(num_layers)]
-        # fp8: in each element, the other value a correct kernel may store (itself where none)
-        self._others = (
-            None
-            if kv_dtype is None
-            else KVMemory(*dims, lazy=self.lazy, latent_dim=latent_dim)  # holds values as given
-        )
 
     @property
     def value_dim(self) -> int:
@@ -267,51 +261,39 @@ class KVMemory:
                 )
         keep = slots != PAD_SLOT
         used = slots[keep]
-        others = []
         for which, x in enumerate((key, value)):
-            stored = self._store(x[:n][keep], layer, which)
-            self._put_slots(layer, which, used, stored)
-            if self.kv_dtype is not None:
-                low, high = quantize_range(x[:n][keep], self.kv_scales[layer][which], self.kv_dtype)
-                others.append(np.where(stored == low, high, low))
-        if self._others is not None:
-            self._others.write(layer, others[0], others[1], used.tolist())
+            self._put_slots(layer, which, used, self._store(x[:n][keep], layer, which))
 
-    def others(self, layer: int, blocks: Sequence[int]) -> tuple[F64, F64]:
-        """For ``blocks`` of K and V, the other value a correct kernel may have stored in each
-        element: the neighbour across an fp8 rounding boundary that the exact quotient lies
-        within :data:`spec.quant.DIVISION_ULPS` of; the stored value itself elsewhere (and
-        in an unquantized memory)."""
-        if self._others is None:
-            return self.read_blocks(layer, blocks)
-        return self._others.read_blocks(layer, blocks)
+    def write_latent(self, layer: int, c_kv: F64, k_rope: F64, slot_mapping: Sequence[int]) -> None:
+        """A latent memory's :meth:`write`, its two parts named: each token's ``c_kv`` ``[T, 1,
+        latent_dim]`` and ``k_rope`` ``[T, 1, rope_dim]`` into its row of slot
+        ``slot_mapping[i]``."""
+        if self.latent_dim is None:
+            raise InvalidRequestError("write_latent: this memory has per-head K and V, not rows")
+        self.write(layer, c_kv, k_rope, slot_mapping)
 
-    def accept(self, layer: int, which: int, slots: Sequence[int], rows: F64) -> int:
-        """Hold ``rows`` (``[len(slots), H_kv, D]``, a backend's stored values) in ``slots`` of
-        K (``which`` 0) or V (1): each element must be what this memory holds there or the
-        other value a correct kernel may store (:meth:`others`). Returns how many elements
-        changed; a row that is neither is refused, naming it, and nothing changes."""
-        layer = self._check_layer(layer)
-        which = check_int("which", which, low=0, high=1)
-        index = check_slot_mapping(slots, self.num_slots)
-        if (index == PAD_SLOT).any():
-            raise ArgumentValueError("accept: slots must be slots of the pool, not padding")
+    def read_slots(self, layer: int, which: int, slots: Sequence[int]) -> F64:
+        """Copies of K (``which`` 0) or V (1) at ``slots`` (not padding), as stored."""
+        index = self._held_slots(layer, which, slots)
+        return self._read_slots(layer, which, index)
+
+    def hold(self, layer: int, which: int, slots: Sequence[int], rows: F64) -> None:
+        """Hold ``rows`` (``[len(slots), H_kv, width]``) in ``slots`` of K (``which`` 0) or V
+        (1) as stored values, not quantized again: what a cache holds there (one of the two
+        values a correct fp8 write may store at a rounding tie, say)."""
+        index = self._held_slots(layer, which, slots)
         new = np.asarray(rows, dtype=np.float64)
         if new.shape != (index.shape[0], self.shape[2], self.widths[which]):
             raise InvalidRequestError(f"rows has shape {new.shape}, expected {len(index)} rows")
-        held = self._read_slots(layer, which, index)
-        other = held if self._others is None else self._others._read_slots(layer, which, index)
-        same, alt = _equal(new, held), _equal(new, other)
-        bad = np.flatnonzero(~(same | alt).reshape(len(index), -1).all(axis=1))
-        if bad.size:
-            raise ArgumentValueError(
-                f"slot {int(index[bad[0]])} holds values no correct kernel stores there"
-            )
-        changed = int((~same).sum())
-        if changed and self._others is not None:
-            self._others._put_slots(layer, which, index, np.where(same, other, held))
-            self._put_slots(layer, which, index, new)
-        return changed
+        self._put_slots(layer, which, index, new)
+
+    def _held_slots(self, layer: int, which: int, slots: Sequence[int]) -> NDArray[np.int64]:
+        self._check_layer(layer)
+        check_int("which", which, low=0, high=1)
+        index = check_slot_mapping(slots, self.num_slots)
+        if (index == PAD_SLOT).any():
+            raise ArgumentValueError("slots must be slots of the pool, not padding")
+        return index
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy block ``src`` onto block ``dst`` for K and V of every layer.
@@ -331,8 +313,6 @@ class KVMemory:
             else:
                 self.k[layer][dst] = self.k[layer][src]
                 self.v[layer][dst] = self.v[layer][src]
-        if self._others is not None:
-            self._others.copy_blocks(pairs)
 
     def gather(
         self, layer: int, block_table: Sequence[int], num_tokens: int, *, start: int = 0
@@ -412,12 +392,6 @@ class KVMemory:
 
 _LATENT_PARTS = (" (c_kv: latent_dim columns)", " (k_rope: rope_dim columns)")
 """How a latent memory's shape errors name what ``key`` and ``value`` hold."""
-
-
-def _equal(a: F64, b: F64) -> NDArray[np.bool_]:
-    """Elementwise equality in which NaN equals NaN (a stored NaN is a value like any other)."""
-    out: NDArray[np.bool_] = (a == b) | (np.isnan(a) & np.isnan(b))
-    return out
 
 
 def _check_scales(

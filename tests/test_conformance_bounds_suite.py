@@ -32,7 +32,9 @@ from conformance.planted.kernels import (
 )
 from conformance.reports.report import replay_script, summary_lines, text_report
 from conformance.run.control import RunControl, environment_options
-from conformance.run.runner import RunResult, run_suite, same_outcome
+from conformance.run.replay_check import same_outcome
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from conformance.testing import _merge
 from spec.backend import Backend, ReferenceBackend
 from spec.batch import PADDING_RULE

@@ -28,7 +28,8 @@ from conformance.planted.backends import MasksByZeroWeight
 from conformance.reports.report import json_report, text_report
 from conformance.run.control import RunControl
 from conformance.run.failures import by_cause
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.attention import AttentionVariant
 from spec.attention_batched import paged_attention_batched
 from spec.batch import BatchMetadata

@@ -10,12 +10,13 @@ import pytest
 
 from conformance.cli import main
 from conformance.errors import SetupError
-from conformance.lockstep.machine import RunStats, timed_progress
 from conformance.lockstep.plan import plan_for
+from conformance.lockstep.run_stats import RunStats, timed_progress
 from conformance.planted.backends import WritesPaddingSlot
 from conformance.reports.report import replay_script, reproduce_command
 from conformance.run.discovery import installed_backends, load_backend
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.backend import ReferenceBackend
 from spec.capabilities import Capabilities
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conformance.lockstep.machine import RunStats
+from conformance.lockstep.run_stats import RunStats
 from conformance.run.compiles import watching_compiles
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,8 @@ from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.variants import AlibiFromKeyZero, Fp8Truncates
 from conformance.reports.report import text_report
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.attention import AttentionVariant
 from spec.capabilities import Capabilities
 from spec.kv_geometry import KVGeometry

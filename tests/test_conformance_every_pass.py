@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 from conformance.planted.hidden import NaNPastEightKeys, RoundingHidesOverflow
 from conformance.reports.report import json_report, text_report, write_junit
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, _same_values, run_suite
+from conformance.run.replay_check import _same_values
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 
 SEED = 20240601
 PASSES = ("short", "large pool")

@@ -26,7 +26,7 @@ import triton.language as tl  # noqa: E402
 
 from backend_gpu.triton_backend import TritonBackend  # noqa: E402
 from conformance import run_suite  # noqa: E402
-from conformance.lockstep.driver import ACCEPTED_NEIGHBOURS  # noqa: E402
+from conformance.lockstep.kv_check import ACCEPTED_NEIGHBOURS  # noqa: E402
 from conformance.reports.report import text_report  # noqa: E402
 from spec.backend import FloatArray  # noqa: E402
 from spec.capabilities import Capabilities  # noqa: E402

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conformance.lockstep.configs import configs
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.group_memory import GroupMemory
 from conformance.lockstep.groups import GROUPS, WINDOW_BLOCKS, group_label
@@ -26,7 +27,8 @@ from conformance.lockstep.workload import WorkloadConfig
 from conformance.planted.backends import PLANTED
 from conformance.planted.groups import PLANTED_GROUPS, DropsReleasedEntries, ReadsGroupZeroTables
 from conformance.reports.report import text_report
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.attention import PLAIN, VARIANTS, AttentionVariant
 from spec.backend import Backend, ReferenceBackend
 from spec.batch import PAD_BLOCK
@@ -138,7 +140,7 @@ def test_group_draws_use_every_group_and_each_windowed_layer_sees_its_window(
 ) -> None:
     caps = Capabilities("g", kv_groups=True, variants=frozenset(VARIANTS if window else ()))
     plan = next(p for p in plan_for(caps).passes() if p.kind == "groups")
-    config: WorkloadConfig = data.draw(plan.configs())
+    config: WorkloadConfig = data.draw(configs(plan))
     g, b = config.geometry, config.geometry.block_size
     assert g.num_groups == GROUPS == len(config.group_windows)
     assert config.group_windows[0] is None

@@ -20,6 +20,7 @@ from conformance.judges.dtypes import F64, round_to
 from conformance.judges.oracle import OracleChoice, layer_cache
 from conformance.judges.resident_kv import ResidentKV
 from conformance.judges.tile_plan import DEFAULT_MEMORY_LIMIT
+from conformance.lockstep.configs import configs
 from conformance.lockstep.driver import Lockstep
 from conformance.lockstep.envelope import CPU, DEVICE
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
@@ -105,7 +106,7 @@ def test_a_layout_the_backend_vetoes_is_left_out_and_named() -> None:
 def test_a_latent_pass_draws_latent_rows_at_the_models_scale(
     data: st.DataObject, feature: str
 ) -> None:
-    config = data.draw(_pass(LATENT_CAPS, feature).configs())
+    config = data.draw(configs(_pass(LATENT_CAPS, feature)))
     g = config.geometry
     assert g.is_latent and g.num_kv_heads == 1 and g.rope_dim is not None
     assert (g.latent_dim, g.rope_dim) in CPU.latent and config.num_heads in CPU.latent_heads
@@ -120,20 +121,20 @@ def test_a_latent_pass_draws_latent_rows_at_the_models_scale(
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_the_short_pass_mixes_latent_examples_among_the_others(data: st.DataObject) -> None:
-    config = data.draw(_pass(LATENT_CAPS, kind="short").configs())
+    config = data.draw(configs(_pass(LATENT_CAPS, kind="short")))
     assert config.geometry.num_kv_heads == 1 or not config.geometry.is_latent
     if config.geometry.is_latent and config.geometry.kv_dtype is not None:
         assert all(k == v for k, v in config.geometry.kv_scales)
 
 
 def test_latent_is_reachable_in_the_short_pass_and_never_drawn_without_the_declaration() -> None:
-    short = _pass(LATENT_CAPS, kind="short").configs()
+    short = configs(_pass(LATENT_CAPS, kind="short"))
     fast = settings(phases=[Phase.generate], database=None)
     assert find(short, lambda c: c.geometry.is_latent, settings=fast).geometry.num_kv_heads == 1
     assert not find(short, lambda c: True).geometry.is_latent  # shrinks to per-head K and V
 
     @settings(max_examples=30, deadline=None)
-    @given(_pass(Capabilities("x"), kind="short").configs())
+    @given(configs(_pass(Capabilities("x"), kind="short")))
     def never(config: WorkloadConfig) -> None:
         assert not config.geometry.is_latent
 
@@ -265,7 +266,7 @@ def test_a_latent_failure_is_excluded_by_its_layout_and_the_latent_passes_then_d
     caps = excluding(LATENT_CAPS, [cause])
     assert caps.unsupported(latent_config().geometry, 4)
     assert not caps.unsupported(KVGeometry(1, 4, 4, 2, 8), 4)
-    vetoed = replace(_pass(LATENT_CAPS, LATENT), capabilities=caps).vetoed()
+    vetoed = replace(_pass(LATENT_CAPS, LATENT), caps=caps).vetoed()
     assert vetoed == "the backend's excludes vetoes the latent layouts on every shape"
 
 

@@ -15,15 +15,15 @@ from latent_workloads import LATENT_WORKLOADS
 from speculative_workloads import SPECULATIVE_WORKLOADS
 from variant_workloads import VARIANT_WORKLOADS
 
-import conformance.lockstep.driver as driver_module
+import conformance.lockstep.kv_check as kv_check_module
 import spec.kv_memory as kv_memory
 from conformance.errors import SpecSideBug, SuiteStopped
 from conformance.judges.compare import first_kv_difference, first_output_difference
 from conformance.judges.dtypes import round_to
 from conformance.judges.numerics import output_errors
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
-from conformance.lockstep.machine import VOCAB
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
+from conformance.lockstep.sequences import VOCAB
 from conformance.lockstep.workload import (
     TokenKV,
     WorkloadConfig,
@@ -35,7 +35,8 @@ from conformance.planted.backends import PLANTED, OnlineSoftmaxNoRescale, Writes
 from conformance.planted.selftest import SELFTEST_SEED
 from conformance.reports.report import replay_script
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.attention import AttentionVariant
 from spec.backend import Backend, ReferenceBackend
 
@@ -403,7 +404,7 @@ def test_a_pool_read_back_in_parts_is_judged_as_one_read_whole(
         )
 
     whole = run()
-    monkeypatch.setattr(driver_module, "READ_ELEMENTS", 1)  # one block a read
+    monkeypatch.setattr(kv_check_module, "READ_ELEMENTS", 1)  # one block a read
     parts = run()
     assert parts.passed == whole.passed == (backend is NumpyPagedBackend)
     if not whole.passed:

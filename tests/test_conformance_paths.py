@@ -30,7 +30,8 @@ from conformance.lockstep.workload import WorkloadConfig
 from conformance.observe.launches import Launch, recording
 from conformance.observe.paths import observe
 from conformance.planted.backends import SinksWrongOnSplitKV
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.capabilities import Capabilities, DecodeSplit
 from spec.kv_geometry import KVGeometry
 

@@ -41,7 +41,7 @@ from vectors_fixtures import Exported, exported, manifests
 from benchmarks.gpu_check import main as gpu_check_main
 from conformance.cli import main
 from conformance.errors import SetupError
-from conformance.reports.files import INCOMPLETE, check_output, write_output
+from conformance.output_files import INCOMPLETE, check_output, write_output
 from paged_spec.sandbox import main as sandbox_main
 from paged_spec.sim.traffic import LENGTH_PRESETS, poisson_trace, save_trace
 from paged_spec.simulate import main as simulate_main

@@ -22,8 +22,9 @@ from conformance.cli import main
 from conformance.errors import SetupError
 from conformance.planted.schedulers import BudgetPerSequence, _Wrapped
 from conformance.scheduler.engine import EQUIVALENCE, MODEL, EngineExecutor
-from conformance.scheduler.invariants import SchedulerInvariantError, run_checked
+from conformance.scheduler.invariants import run_checked
 from conformance.scheduler.report import replay_script, reproduce_command
+from conformance.scheduler.rules import SchedulerInvariantError
 from conformance.scheduler.suite import (
     PROFILES,
     SchedulerRunResult,

@@ -16,13 +16,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.scheduler.invariants import (
-    CALLS,
-    CONFIG,
-    RETURNS,
-    SchedulerInvariantError,
-    run_checked,
-)
+from conformance.scheduler.invariants import run_checked
+from conformance.scheduler.rules import CALLS, CONFIG, RETURNS, SchedulerInvariantError
 from conformance.scheduler.suite import CRASH, HANG, INTERNAL, run_scheduler_suite
 from spec.request import Request
 from spec.scheduler import SchedulerConfig

@@ -19,7 +19,7 @@ import pytest
 from conformance.cli import main
 from conformance.planted.schedulers import ENGINE_ONLY, PLANTED
 from conformance.scheduler.engine import EQUIVALENCE
-from conformance.scheduler.invariants import SchedulerInvariantError
+from conformance.scheduler.rules import SchedulerInvariantError
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "scheduler-conformance.md"

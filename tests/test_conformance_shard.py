@@ -17,7 +17,8 @@ from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.planted.backends import WritesPaddingSlot
 from conformance.run.control import RunControl
 from conformance.run.database import database_location, open_database
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from conformance.run.shard import Shard, parse_shard
 from spec.backend import Capabilities, FloatArray, KVGeometry
 

@@ -11,13 +11,13 @@ from conformance.lockstep.plan import MAX_DRAFT, plan_for
 from conformance.lockstep.workload import WorkloadConfig, geometry_for, scale_for
 from conformance.planted.schedulers import SpecBudgetOneToken, SpecKeepsRejected
 from conformance.planted.speculative import LookaheadOneToken
-from conformance.scheduler.invariants import (
+from conformance.scheduler.invariants import run_checked
+from conformance.scheduler.rules import (
     ACCEPTANCE,
     BUDGET,
     DRAFTS,
     VERIFIED,
     SchedulerInvariantError,
-    run_checked,
 )
 from spec.backend import Capabilities, ReferenceBackend
 from spec.errors import ArgumentTypeError, SpeculationError

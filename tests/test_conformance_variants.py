@@ -19,6 +19,7 @@ from variant_workloads import VARIANT_WORKLOADS
 
 from conformance.judges.dtypes import round_to
 from conformance.lockstep import variants
+from conformance.lockstep.configs import configs
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
 from conformance.lockstep.plan import plan_for
@@ -47,7 +48,7 @@ def test_only_declared_variants_and_kv_dtypes_are_drawn(
     caps = Capabilities("x", variants=declared, kv_dtypes=kv_dtypes)
     plan = plan_for(caps)
     plan = plan if not long_context else replace(plan, kind="long")
-    config: WorkloadConfig = data.draw(plan.configs())
+    config: WorkloadConfig = data.draw(configs(plan))
     for layer in range(config.geometry.num_layers):
         v = config.variant(layer)
         assert v.features <= declared

@@ -23,7 +23,8 @@ from conformance.lockstep.envelope import CPU, DEVICE, Envelope
 from conformance.lockstep.envelope_scale import MIN_LONG, MIN_WIDE, scaled
 from conformance.reports.report import text_report
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.backend import Backend
 
 SCALE = 64

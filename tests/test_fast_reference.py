@@ -23,6 +23,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from conformance.judges import fast_reference as fr
+from conformance.judges.device_precision import round_to_dtype
 from conformance.judges.dtypes import round_to
 from conformance.judges.numerics import same_precision as numpy_same_precision
 from conformance.judges.numerics import ulp
@@ -306,7 +307,7 @@ def test_rounding_is_the_judges_bit_for_bit(dtype: str) -> None:
             np.nextafter(np.float32(1 + 2**-11), np.float32(2)).astype(np.float64)[None],
         ]
     )
-    got = fr.round_to_dtype(torch.from_numpy(x), dtype).to(torch.float64).numpy()
+    got = round_to_dtype(torch.from_numpy(x), dtype).to(torch.float64).numpy()
     with np.errstate(over="ignore"):  # 4e38 overflows float32, as it does in torch
         np.testing.assert_array_equal(got, round_to(x, dtype))
     spec = numpy_same_precision(dtype, quantized_kv=True)

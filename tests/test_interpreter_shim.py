@@ -252,9 +252,9 @@ def test_the_corrections_are_what_triton_compiles_for_sm_90(tmp_path: Path) -> N
 def test_a_run_that_meets_an_interpreter_limit_is_not_judged() -> None:
     """A backend exception carrying an interpreter limit: the verdict names the limit."""
     from conformance.judges.compare import Difference
-    from conformance.lockstep.machine import RunStats
+    from conformance.lockstep.run_stats import RunStats
     from conformance.reports.report import verdict
-    from conformance.run.runner import RunResult
+    from conformance.run.result import RunResult
     from spec.backend import Capabilities
 
     result = RunResult("x", "quick", 1, Capabilities("x"), (), RunStats(examples=1))

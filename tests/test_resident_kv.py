@@ -17,7 +17,8 @@ from conformance.judges.oracle import OracleChoice, layer_cache
 from conformance.judges.resident_kv import ResidentKV
 from conformance.judges.tile_plan import DEFAULT_MEMORY_LIMIT
 from conformance.lockstep.numpy_backend import NumpyPagedBackend
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.errors import InvalidRequestError
 from spec.quant import FP8_FORMATS
 

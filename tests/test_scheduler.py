@@ -16,12 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.scheduler.invariants import (
-    SchedulerInvariantError,
-    default_tokens,
-    expected_outputs,
-    run_checked,
-)
+from conformance.scheduler.executors import default_tokens, expected_outputs
+from conformance.scheduler.invariants import run_checked
+from conformance.scheduler.rules import SchedulerInvariantError
 from conformance.scheduler.workloads import Workload, workloads
 from spec.block_manager import cdiv
 from spec.errors import CapacityError, InvalidRequestError

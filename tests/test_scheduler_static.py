@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.scheduler.invariants import default_tokens, expected_outputs, run_checked
+from conformance.scheduler.executors import default_tokens, expected_outputs
+from conformance.scheduler.invariants import run_checked
 from spec.block_manager import cdiv
 from spec.errors import ArgumentTypeError, ArgumentValueError
 from spec.request import Request

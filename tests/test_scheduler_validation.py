@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.scheduler.invariants import default_tokens, expected_outputs
+from conformance.scheduler.executors import default_tokens, expected_outputs
 from conformance.scheduler.workloads import Workload, workloads
 from spec.errors import (
     ArgumentTypeError,

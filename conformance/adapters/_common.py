@@ -12,21 +12,48 @@ device metadata and the call's new K and V, as an engine's forward has them.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
 import torch
 
 from backend_gpu._cache import TorchCacheBackend
 from conformance.observe.launches import Launch
 from conformance.observe.paths import Reader, Reading, register
 from spec.batch import BatchArrays, BatchMetadata
+from spec.capabilities import Capabilities
 from spec.errors import InvalidRequestError
+from spec.kv_geometry import KVGeometry
 
 
-class AdapterBase(TorchCacheBackend):
+class AdapterBase(TorchCacheBackend, ABC):
     """A :class:`TorchCacheBackend` with the step's metadata as int32 device tensors."""
 
     def __init__(self, device: str | torch.device | None = None, *, tensors: str = "torch") -> None:
         super().__init__(device, tensors=tensors)
         self._built: tuple[BatchMetadata, int, tuple[torch.Tensor, ...]] | None = None
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What the adapted kernel runs: each adapter declares its own."""
+
+    def create_cache(self, geometry: KVGeometry) -> None:
+        """Refuse a geometry the kernel cannot run (its ``excludes``), naming why; else allocate."""
+        caps = self.capabilities
+        heads = 2 if geometry.is_latent else geometry.num_kv_heads  # a latent layer: any heads
+        refuse(", ".join(caps.unsupported(geometry, heads)), caps.name)
+        super().create_cache(geometry)
+
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
+        """Index copies, checked like every write: neither engine runs a copy-on-write kernel
+        (vLLM V1's forks share by prefix caching)."""
+        pairs = self._copies(copies)
+        if pairs:
+            src = torch.tensor([s for s, _ in pairs], device=self.device)
+            dst = torch.tensor([d for _, d in pairs], device=self.device)
+            for x in self._mem().storage:
+                x[dst] = x[src]
 
     def metadata(
         self, batch: BatchMetadata, group: int, arrays: BatchArrays[torch.Tensor] | None

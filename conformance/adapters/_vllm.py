@@ -22,7 +22,6 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 # isort: split
@@ -219,8 +218,3 @@ def _version(text: str) -> tuple[int, ...]:
         digits = "".join(c for c in piece if c.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
-
-
-def loaded_from(module: ModuleType | Any) -> str:
-    """The file a kernel module was loaded from (for messages)."""
-    return str(getattr(module, "__file__", module))

@@ -56,7 +56,7 @@ from torch.nn.attention import flex_attention as flex_module
 from torch.nn.attention.experimental._paged_attention import PagedAttention
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from conformance.adapters._common import AdapterBase, refuse
+from conformance.adapters._common import AdapterBase
 from spec.attention import VARIANTS, AttentionVariant
 from spec.backend import FloatArray
 from spec.batch import BatchArrays, BatchMetadata
@@ -137,10 +137,6 @@ class FlexBackend(AdapterBase):
             excludes=_latent if gpu else _eager_limit,
         )
 
-    def create_cache(self, geometry: KVGeometry) -> None:
-        refuse(", ".join(self.capabilities.unsupported(geometry, geometry.num_kv_heads)), "flex")
-        super().create_cache(geometry)
-
     def write_kv(
         self,
         layer: int,
@@ -155,14 +151,6 @@ class FlexBackend(AdapterBase):
         n = slots.shape[0]
         for rows, cache in ((k, k_cache), (v, v_cache)):
             cache.view(-1, *cache.shape[2:])[slots[keep]] = rows[:n][keep]
-
-    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        pairs = self._copies(copies)
-        if pairs:
-            src = torch.tensor([s for s, _ in pairs], device=self.device)
-            dst = torch.tensor([d for _, d in pairs], device=self.device)
-            for x in self._mem().storage:
-                x[dst] = x[src]
 
     def attention_path(self) -> str | None:
         """Eager flex runs one dense pass per call; the compiled path is not named here."""

@@ -70,7 +70,7 @@ from spec.attention import AttentionVariant
 from spec.backend import FloatArray
 from spec.batch import BatchArrays, BatchMetadata
 from spec.capabilities import Capabilities
-from spec.kv_geometry import DTYPES, KV_DTYPES, KVGeometry
+from spec.kv_geometry import DTYPES, KV_DTYPES
 
 MAX_KV_SPLITS = 8  # --triton-attention-num-kv-splits (exec_.py: triton_attention_num_kv_splits)
 MIN_BLOCK_KV = 32  # decode_attention.py: _MIN_BLOCK_KV
@@ -150,10 +150,6 @@ class SglangDecodeBackend(AdapterBase):
     def source(self) -> str:
         return sglang_kernels().source
 
-    def create_cache(self, geometry: KVGeometry) -> None:
-        refuse(", ".join(self.capabilities.unsupported(geometry, geometry.num_kv_heads)), "sglang")
-        super().create_cache(geometry)
-
     def write_kv(
         self,
         layer: int,
@@ -165,14 +161,6 @@ class SglangDecodeBackend(AdapterBase):
         cache = self._mem()
         quantized = cache.geometry.kv_dtype is not None
         write_kv_like_sglang(k, v, slots, k_cache, v_cache, cache.scales(layer), quantized)
-
-    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        pairs = self._copies(copies)
-        if pairs:
-            src = torch.tensor([s for s, _ in pairs], device=self.device)
-            dst = torch.tensor([d for _, d in pairs], device=self.device)
-            for x in self._mem().storage:
-                x[dst] = x[src]
 
     def attention_path(self) -> str | None:
         """The last call's path, from the split counts the engine's kernel computed."""

@@ -105,7 +105,6 @@ class SglangExtendBackend(AdapterBase):
         return sglang_kernels().source
 
     def create_cache(self, geometry: KVGeometry) -> None:
-        refuse(", ".join(self.capabilities.unsupported(geometry, geometry.num_kv_heads)), "sglang")
         super().create_cache(geometry)
         self._written.clear()
 
@@ -123,14 +122,6 @@ class SglangExtendBackend(AdapterBase):
         if not self.device_resident:  # the numpy contract: attention takes the chunk from here
             n = slots.shape[0]
             self._written[layer] = (k[:n].clone(), v[:n].clone(), slots.clone())
-
-    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        pairs = self._copies(copies)
-        if pairs:
-            src = torch.tensor([s for s, _ in pairs], device=self.device)
-            dst = torch.tensor([d for _, d in pairs], device=self.device)
-            for x in self._mem().storage:
-                x[dst] = x[src]
 
     def attention(
         self,

@@ -134,10 +134,6 @@ class VllmMlaBackend(AdapterBase):
     def source(self) -> str:
         return vllm_kernels().source
 
-    def create_cache(self, geometry: KVGeometry) -> None:
-        refuse(", ".join(self.capabilities.unsupported(geometry, 2)), "vllm-mla")
-        super().create_cache(geometry)
-
     def write_kv(
         self,
         layer: int,
@@ -158,14 +154,6 @@ class VllmMlaBackend(AdapterBase):
                     -top, top
                 )
             target_view.view(-1, *target_view.shape[2:])[slots[keep]] = stored.to(target_view.dtype)
-
-    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        pairs = self._copies(copies)
-        if pairs:
-            src = torch.tensor([s for s, _ in pairs], device=self.device)
-            dst = torch.tensor([d for _, d in pairs], device=self.device)
-            for x in self._mem().storage:
-                x[dst] = x[src]
 
     def attention(
         self,

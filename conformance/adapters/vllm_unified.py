@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from conformance.adapters._common import AdapterBase, refuse
+from conformance.adapters._common import AdapterBase
 from conformance.adapters._vllm import KVQuantMode, vllm_kernels
 from conformance.observe.launches import Launch
 from conformance.observe.paths import Reading, register
@@ -127,11 +127,6 @@ class VllmUnifiedBackend(AdapterBase):
         """Where the kernels came from: the installed vLLM, or the pinned wheel's files."""
         return vllm_kernels().source
 
-    def create_cache(self, geometry: KVGeometry) -> None:
-        caps = self.capabilities
-        refuse(", ".join(caps.unsupported(geometry, geometry.num_kv_heads)), "vllm-unified")
-        super().create_cache(geometry)
-
     def write_kv(
         self,
         layer: int,
@@ -164,17 +159,6 @@ class VllmUnifiedBackend(AdapterBase):
             USE_HEAD_MAJOR_LAYOUT=False, INTERLEAVED_V_PACK_FACTOR=0,
             FP8_KV_CACHE=kind == "fp8", TILE_SIZE=tile, num_warps=16, num_stages=10,
         )  # fmt: skip
-
-    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        """vLLM V1 has no copy-on-write kernel (its forks share by prefix caching): the
-        contract's copies are index copies here, checked like every write."""
-        pairs = self._copies(copies)
-        if not pairs:
-            return
-        src = torch.tensor([s for s, _ in pairs], device=self.device)
-        dst = torch.tensor([d for _, d in pairs], device=self.device)
-        for x in self._mem().storage:
-            x[dst] = x[src]
 
     def attention(
         self,

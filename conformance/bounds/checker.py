@@ -63,7 +63,7 @@ element 6, 1 past the end (worst 1)
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -72,14 +72,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.bounds import _hooks as _bounds_hooks
+from conformance.bounds.arguments import (
+    Bools,
+    Extent,
+    Ints,
+    Rows,
+    find_tables,
+    tensors_of,
+    used_rows,
+)
 from spec.batch import PADDING_RULE, BatchMetadata
-from spec.block_manager import cdiv
 
 if TYPE_CHECKING:
-    import torch
-
-Ints = NDArray[np.int64]
-Bools = NDArray[np.bool_]
+    pass
 
 CONTRACT = PADDING_RULE
 """What a kernel may read: :data:`spec.batch.PADDING_RULE`, the sentence this checker enforces."""
@@ -206,7 +211,7 @@ class BoundsChecker:
         Without a usable interpreter it checks nothing (see :meth:`notes`).
         """
         seen = Watched(call, layer)
-        rows = _used_rows(batch) if self.strict and batch is not None else None  # per group
+        rows = used_rows(batch) if self.strict and batch is not None else None  # per group
         if self._unavailable is not None:
             yield seen
             return
@@ -314,136 +319,6 @@ def unusable() -> str | None:
     return None
 
 
-_Rows = list[tuple[int, ...]]
-"""One KV cache group's used block-table entries, a tuple per batch row."""
-
-
-def _used_rows(batch: BatchMetadata) -> list[_Rows]:
-    """Each KV cache group's rows of used block-table entries: the first ``ceil(seq_len / B)``.
-
-    A windowed group's used entries start with its released ones (``-1``): the
-    table is recognised as the suite passed it, and only entries past
-    ``ceil(seq_len / B)`` are padding.
-
-    >>> from spec.batch import BatchMetadata
-    >>> b = BatchMetadata(4, (0, 1), (0, 5, 6), (5, 2), ((3, 1), (2, -1)), (), ())
-    >>> _used_rows(b)
-    [[(3, 1), (2,)]]
-    """
-    return [
-        [
-            tuple(table[: cdiv(n, batch.block_size)])
-            for table, n in zip(batch.tables(g), batch.seq_lens, strict=True)
-        ]
-        for g in range(batch.num_groups)
-    ]
-
-
-@dataclass(frozen=True)
-class _Extent:
-    """A tensor argument: its element span ``[lo, hi)`` and its storage, in bytes."""
-
-    name: str
-    tensor: str
-    base: int
-    itemsize: int
-    lo: int
-    hi: int
-    storage_lo: int
-    storage_hi: int
-
-    @staticmethod
-    def of(name: str, t: torch.Tensor) -> _Extent:
-        size, base = t.element_size(), t.data_ptr()
-        reach = [s * (n - 1) for s, n in zip(t.stride(), t.shape, strict=True)]
-        lo = hi = base  # an empty tensor spans nothing (and torch gives it data_ptr() 0)
-        if t.numel():
-            lo += size * sum(r for r in reach if r < 0)
-            hi += size * (1 + sum(r for r in reach if r > 0))
-        storage = t.untyped_storage()
-        desc = f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
-        start = storage.data_ptr()
-        return _Extent(name, desc, base, size, lo, hi, start, start + storage.nbytes())
-
-    def distance(self, addr: Ints, size: int) -> Ints:
-        """How far each access is outside the span, in this tensor's elements (signed)."""
-        before = -((self.lo - addr + self.itemsize - 1) // self.itemsize)
-        past = (addr + size - self.hi + self.itemsize - 1) // self.itemsize
-        out: Ints = np.where(addr < self.lo, before, np.maximum(past, 1))
-        return out
-
-
-@dataclass(frozen=True)
-class _Table:
-    """A recognised block table: where each entry lives, and each row's used length."""
-
-    extent: _Extent
-    shape: tuple[int, int]
-    strides: tuple[int, int]
-    used: Ints  # per tensor row; 0 for rows past the batch
-
-    def padding(self, addr: Ints) -> tuple[Bools, Ints, Ints]:
-        """Which accesses read padding (or a gap of the view), and their ``(row, entry)``."""
-        e = self.extent
-        inside = (addr >= e.lo) & (addr < e.hi)
-        off = (addr - e.base) // e.itemsize
-        (rows, width), (s0, s1) = self.shape, self.strides
-        if s0 >= s1 * width:
-            row = off // s0
-            col = (off - row * s0) // s1
-        else:
-            col = off // s1
-            row = (off - col * s1) // s0
-        row = np.clip(row, 0, rows - 1)
-        bad = inside & ((col >= self.used[row]) | (col < 0))
-        return bad, row, col
-
-
-def _tensors(name: str, value: object) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors of one launch argument: itself, a wrapper's base, a tuple's members."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    elif isinstance(value, tuple | list):
-        for i, item in enumerate(value):
-            yield from _tensors(f"{name}[{i}]", item)
-    elif isinstance(getattr(value, "base", None), torch.Tensor):  # TensorWrapper, descriptor
-        yield name, value.base  # type: ignore[attr-defined]
-
-
-def _find_tables(
-    named: Sequence[tuple[str, torch.Tensor]], groups: Sequence[_Rows]
-) -> list[_Table]:
-    """The arguments whose rows start with one group's used entries (see the module doc)."""
-    found: list[_Table] = []
-    for rows in groups:
-        names = {t.extent.name for t in found}
-        found += [t for t in _tables_of(named, rows) if t.extent.name not in names]
-    return found
-
-
-def _tables_of(named: Sequence[tuple[str, torch.Tensor]], rows: _Rows) -> list[_Table]:
-    """The arguments whose rows start with ``rows``, one group's used entries."""
-    import torch
-
-    need = max((len(r) for r in rows), default=0)
-    found = []
-    for name, t in named:
-        ints = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
-        if not (ints and t.ndim == 2 and t.shape[0] >= len(rows) and t.shape[1] >= need):
-            continue
-        s0, s1 = t.stride()
-        rows_first = s0 >= s1 * t.shape[1]
-        if not need or 0 in (s0, s1) or not (rows_first or s1 >= s0 * t.shape[0]):
-            continue
-        if all(tuple(t[i, : len(r)].tolist()) == r for i, r in enumerate(rows)):
-            used = np.zeros(t.shape[0], dtype=np.int64)
-            used[: len(rows)] = [len(r) for r in rows]
-            found.append(_Table(_Extent.of(name, t), (t.shape[0], t.shape[1]), (s0, s1), used))
-    return found
-
-
 @dataclass
 class _Tally:
     """The accesses of one launch of one (kind, access, argument): a count and the first."""
@@ -457,11 +332,11 @@ class _Launch:
     """One launch's allowed memory, recognised tables, and what it did outside them."""
 
     def __init__(
-        self, kernel: str, index: int, args: dict[str, object], rows: list[_Rows] | None
+        self, kernel: str, index: int, args: dict[str, object], rows: list[Rows] | None
     ) -> None:
         self.kernel, self.index = kernel, index
-        named = [t for name, value in args.items() for t in _tensors(name, value)]
-        self.extents = [_Extent.of(name, t) for name, t in named]
+        named = [t for name, value in args.items() for t in tensors_of(name, value)]
+        self.extents = [Extent.of(name, t) for name, t in named]
         spans = sorted((e.lo, e.hi) for e in self.extents if e.hi > e.lo)
         merged: list[list[int]] = []
         for lo, hi in spans:
@@ -471,7 +346,7 @@ class _Launch:
                 merged.append([lo, hi])
         self.starts = np.array([m[0] for m in merged], dtype=np.int64)
         self.ends = np.array([m[1] for m in merged], dtype=np.int64)
-        self.tables = _find_tables(named, rows) if rows else []
+        self.tables = find_tables(named, rows) if rows else []
         self.tallies: dict[tuple[str, str, str], _Tally] = {}
 
     def inside(self, addr: Ints, size: int) -> Bools:
@@ -484,7 +359,7 @@ class _Launch:
     def record_outside(self, op: str, addr: Ints, size: int, program: tuple[int, ...]) -> None:
         """Attribute each access to the argument whose storage holds it, else the nearest."""
         if not self.extents:
-            e = _Extent("(no tensor arguments)", "-", 0, 1, 0, 0, 0, 0)
+            e = Extent("(no tensor arguments)", "-", 0, 1, 0, 0, 0, 0)
             self._tally("outside", op, e, addr, e.distance(addr, size), program, False)
             return
         far = np.int64(1) << np.int64(62)
@@ -517,7 +392,7 @@ class _Launch:
         self,
         kind: str,
         op: str,
-        e: _Extent,
+        e: Extent,
         addr: Ints,
         dist: Ints,
         program: tuple[int, ...],
@@ -560,7 +435,7 @@ class _Launch:
 class _Recorder:
     """The hooks' listener for one watched call: checks accesses against the current launch."""
 
-    def __init__(self, seen: Watched, rows: list[_Rows] | None) -> None:
+    def __init__(self, seen: Watched, rows: list[Rows] | None) -> None:
         self.seen = seen
         self.rows = rows
         self.current: _Launch | None = None

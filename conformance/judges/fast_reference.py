@@ -59,6 +59,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from conformance.judges.device_precision import (
+    EXACT,
+    DevicePrecision,
+    DeviceUnavailableError,
+    import_torch,
+    resolve_device,
+    round_to_dtype,
+    same_precision,
+    truncate_to_tf32,
+)
 from conformance.judges.tile_plan import (
     DEFAULT_MEMORY_LIMIT,
     HeadShape,
@@ -72,8 +82,8 @@ from spec.attention import PLAIN, AttentionVariant
 from spec.batch import BatchMetadata
 from spec.errors import ArgumentTypeError, InvalidRequestError, UnknownBlockError
 from spec.kv_memory import KVMemory
-from spec.quant import FP8_FORMATS, check_fp8_scale
-from spec.validate import check_choice, check_instance, check_int, check_scale
+from spec.quant import check_fp8_scale
+from spec.validate import check_instance, check_int, check_scale
 
 if TYPE_CHECKING:
     import torch
@@ -90,139 +100,8 @@ __all__ = [
     "same_precision",
 ]
 
-ROUNDING_DTYPES = ("float32", "float16", "bfloat16")
-"""The activation dtypes a same-precision reference rounds to."""
-FP8_NAMES = tuple(FP8_FORMATS)
-"""The fp8 formats a kernel declaring ``"fp8"`` products casts Q and P to."""
-
-
-class DeviceUnavailableError(InvalidRequestError):
-    """A device this machine does not have, or torch missing: a setup error naming it."""
-
-
-@dataclass(frozen=True)
-class DevicePrecision:
-    """:class:`spec.attention.Precision` for tensors: the roundings named by dtype, not callables.
-
-    ``compute``: the dtype of every product and sum. ``round_kv``: the dtype
-    the K and V read are rounded to (through float32, as
-    :func:`conformance.judges.dtypes.round_to` does). ``round_p``: the dtype the
-    unnormalised probabilities are rounded to before ``P @ V`` (an fp8 format, for a
-    kernel declaring ``"fp8"`` products). The declared products
-    (:data:`spec.capabilities.PRODUCTS`): ``tf32`` truncates both operands of
-    both products to TF32; ``round_q`` rounds the query (to an fp8 format);
-    ``round_qk_products`` each ``q_d * k_d`` before the score's sum; ``p_normalised``:
-    ``round_p`` rounds the normalised probabilities (``"normalised"`` products).
-    """
-
-    compute: str = "float64"
-    round_kv: str | None = None
-    round_p: str | None = None
-    tf32: bool = False
-    round_q: str | None = None
-    round_qk_products: str | None = None
-    p_normalised: bool = False
-
-    def __post_init__(self) -> None:
-        check_choice("compute", self.compute, ("float64", "float32"))
-        for name in ("round_kv", "round_p", "round_q", "round_qk_products"):
-            value = getattr(self, name)
-            if value is not None:
-                check_choice(name, value, ROUNDING_DTYPES + FP8_NAMES)
-
-
 DEFAULT_TILES = Tiles()
 """The largest tiles :func:`paged_attention` uses, before the memory limit shrinks them."""
-
-EXACT = DevicePrecision()
-"""The spec's own arithmetic: float64, nothing rounded."""
-
-
-def same_precision(
-    dtype: str, quantized_kv: bool, products: str = "exact", kv_dtype: str | None = None
-) -> DevicePrecision:
-    """What :func:`conformance.judges.numerics.same_precision` computes, for this module.
-
-    >>> same_precision("float16", quantized_kv=True)  # doctest: +NORMALIZE_WHITESPACE
-    DevicePrecision(compute='float32', round_kv='float16', round_p='float16', tf32=False,
-                    round_q=None, round_qk_products=None, p_normalised=False)
-    """
-    dtype = check_choice("dtype", dtype, ROUNDING_DTYPES)
-    fp8 = kv_dtype if products == "fp8" else None
-    return DevicePrecision(
-        compute="float32",
-        round_kv=dtype if quantized_kv else None,
-        round_p=fp8 or (None if dtype == "float32" else dtype),
-        tf32=products == "tf32" and dtype == "float32",
-        round_q=fp8,
-        round_qk_products=dtype if products == "activation" and dtype != "float32" else None,
-        p_normalised=products == "normalised" and dtype != "float32",
-    )
-
-
-def round_to_dtype(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """``x`` rounded to ``dtype`` through float32, as :func:`~conformance.judges.dtypes.round_to`
-    (or, for an fp8 format, as :func:`spec.quant.round_fp8`: saturating).
-
-    Both round to nearest, ties to even, so the two agree bit for bit
-    (``tests/test_fast_reference.py`` checks ties, subnormals and overflow).
-    """
-    th = _torch()
-    name = check_choice("dtype", dtype, ROUNDING_DTYPES + FP8_NAMES)
-    if name in FP8_NAMES:
-        top = FP8_FORMATS[name].max_finite
-        fp8 = th.float8_e4m3fn if name == "fp8_e4m3" else th.float8_e5m2
-        saturated: torch.Tensor = x.to(th.float32).clamp(-top, top).to(fp8)
-        return saturated
-    out: torch.Tensor = x.to(th.float32).to(getattr(th, name))
-    return out
-
-
-def _tf32(x: torch.Tensor) -> torch.Tensor:
-    """float32 ``x`` with the low 13 mantissa bits dropped: a TF32 tensor-core operand."""
-    th = _torch()
-    bits = x.to(th.float32).contiguous().view(th.int32) & -(1 << 13)
-    out: torch.Tensor = bits.view(th.float32)
-    return out
-
-
-def _torch() -> Any:
-    """torch, imported on first use: the rest of the suite runs without it."""
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - the test environment has torch
-        raise DeviceUnavailableError(f"the fast reference needs torch: {e}") from e
-    return torch
-
-
-def resolve_device(device: object) -> torch.device:
-    """``device`` as a torch device this machine has; otherwise :class:`DeviceUnavailableError`.
-
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    >>> try:
-    ...     resolve_device("cuda:7" if not __import__("torch").cuda.is_available() else "cuda:999")
-    ... except DeviceUnavailableError as e:
-    ...     print(str(e).split(":")[0])
-    device 'cuda
-    """
-    torch = _torch()
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise DeviceUnavailableError(f"device {device!r} is not a torch device: {e}") from e
-    if dev.type == "cpu":
-        return dev  # type: ignore[no-any-return]
-    if dev.type != "cuda":
-        raise DeviceUnavailableError(f"device {device!r}: the fast reference runs on cpu or cuda")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = 0 if dev.index is None else dev.index
-    if not 0 <= index < count:  # torch keeps the index in 8 bits: cuda:999 reads as -25
-        raise DeviceUnavailableError(
-            f"device {device!r}: this machine has {count} CUDA device(s)"
-            + (f" (cuda:0 .. cuda:{count - 1})" if count else "")
-        )
-    return torch.device("cuda", index)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -253,7 +132,7 @@ class PagedKV:
     pool_size: int | None = None  # blocks in the pool, when only some are uploaded
 
     def __post_init__(self) -> None:
-        torch = _torch()
+        torch = import_torch()
         for name in ("key", "value"):
             x = getattr(self, name)
             if not isinstance(x, torch.Tensor):
@@ -292,7 +171,7 @@ class PagedKV:
         Every block of a memory held whole (not lazy) on the CPU is not copied: the
         cache is then a view of the memory (and shows its later writes).
         """
-        torch = _torch()
+        torch = import_torch()
         dev = resolve_device(device)
         layer = check_int("layer", layer, low=0, high=memory.num_layers - 1)
         scales = memory.kv_scales[layer] if memory.kv_dtype is not None else None
@@ -353,7 +232,7 @@ def paged_attention(
     :class:`~conformance.judges.tile_plan.MemoryLimitError`.
     """
     check_instance("precision", precision, DevicePrecision)  # before any work: named, as such
-    th = _torch()
+    th = import_torch()
     q = _check_query(th, query, batch, kv)
     num_heads, num_kv_heads, head_dim = q.shape[1], kv.key.shape[2], kv.key.shape[3]
     if batch.block_size != kv.key.shape[1]:
@@ -590,14 +469,14 @@ class _Launcher:
         both operands to TF32, for a kernel that declares so)."""
         p = self._operand(p, self.precision.round_p)
         if self.precision.tf32:
-            v = _tf32(v)
+            v = truncate_to_tf32(v)
         return p.view(ctx.s, self.shape.kv_heads, -1, ctx.k_tile) @ v
 
     def _operand(self, x: Any, dtype: str | None) -> Any:
         """A product's operand: rounded to ``dtype`` if given, then to TF32 if declared."""
         if dtype is not None:
             x = self._round(x, dtype)
-        return _tf32(x) if self.precision.tf32 else x
+        return truncate_to_tf32(x) if self.precision.tf32 else x
 
     def _top(self, top: Any) -> Any:
         """Each row's maximum score, raised to its head's sink (finite: every query sees itself)."""
@@ -616,7 +495,7 @@ class _Launcher:
         valid = kpos < ctx.arrays["hi"][:, None]  # [S, k_tile]
         k = self._gather(self.k_flat, ctx, kpos, valid, 0)  # [S, H_kv, k, D]
         if self.precision.tf32:
-            k = _tf32(k)
+            k = truncate_to_tf32(k)
         if self.precision.round_qk_products is None:
             scores = ctx.q @ k.transpose(-1, -2)
         else:  # each q_d * k_d rounded before the sum: [S, H_kv, rows, D, k], then summed

@@ -6,7 +6,7 @@ call fails when the backend:
 
 * raises, or leaves by any other exit: ``sys.exit``, ``KeyboardInterrupt``
   raised by the backend itself (a real Ctrl-C stops the run instead: see
-  :mod:`conformance.run.watchdog`), any other ``BaseException``;
+  :mod:`conformance.watchdog`), any other ``BaseException``;
 * changes its inputs. Arrays go in read-only (a write raises in the backend,
   and the failure names the argument it tried to change); lists and the batch's
   arrays are compared after the call too, since a backend can write around the
@@ -14,7 +14,7 @@ call fails when the backend:
 * returns from ``read_cache`` memory that is not the caller's own: results that
   share memory with each other or with an earlier read, or that change when a
   later call writes the cache (a live view);
-* takes longer than the per-call timeout (:mod:`conformance.run.watchdog` times it).
+* takes longer than the per-call timeout (:mod:`conformance.watchdog` times it).
 
 >>> guard = CallGuard()
 >>> guard.call("read_cache", lambda layer: layer + 1, 41)
@@ -52,7 +52,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from conformance.run.watchdog import Call, CallTimeout, RunWatch, current_watch
+from conformance.watchdog import Call, CallTimeout, RunWatch, current_watch
 from spec.backend import Backend
 from spec.batch import BatchMetadata
 
@@ -92,7 +92,7 @@ class CallGuard:
     """Runs backend calls and turns whatever goes wrong in them into a :class:`BackendFault`.
 
     One guard per :class:`~conformance.lockstep.driver.Lockstep`; it reports each call
-    to the run's :class:`~conformance.run.watchdog.RunWatch`, when there is one.
+    to the run's :class:`~conformance.watchdog.RunWatch`, when there is one.
     """
 
     def __init__(self, watch: RunWatch | None = None) -> None:

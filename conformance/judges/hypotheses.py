@@ -438,10 +438,5 @@ def diagnose(case: Case, expected: F64, actual: F64) -> str | None:
     )
 
 
-def tried() -> list[str]:
-    """The names of every mistake :func:`diagnose` tries, for the docs and reports."""
-    return [name for name, _ in HYPOTHESES]
-
-
 def _distance(a: F64, b: F64) -> float:
     return float(np.abs(a - b).max(initial=0.0))

@@ -10,7 +10,7 @@ times what the step itself writes. :class:`ResidentKV` is the spec's memory
 spec's) that also keeps, on the device, the blocks written so far, and
 follows the memory's changes: a write sends the blocks it touched (only
 those), a block copy is done on the device, and a backend's other correct fp8
-value, once accepted (:meth:`~spec.kv_memory.KVMemory.accept`), is sent too.
+value, once held (:meth:`~spec.kv_memory.KVMemory.hold`), is sent too.
 The cache it hands the oracle is that resident copy, so a step sends only what
 it wrote.
 
@@ -98,14 +98,12 @@ class ResidentKV(KVMemory):
         touched = np.unique(slots[slots != PAD_SLOT] // self.shape[1])
         self._send(layer, [int(b) for b in touched])
 
-    def accept(self, layer: int, which: int, slots: Sequence[int], rows: Any) -> int:
-        """The spec's accept (a backend's other correct fp8 value), then the blocks it changed
-        sent to the device."""
-        changed = super().accept(layer, which, slots, rows)
-        if changed:
-            index = check_slot_mapping(slots, self.num_slots)
-            self._send(layer, [int(b) for b in np.unique(index // self.shape[1])])
-        return changed
+    def hold(self, layer: int, which: int, slots: Sequence[int], rows: Any) -> None:
+        """The spec's hold (a backend's other correct fp8 value, say), then the blocks it
+        changed sent to the device."""
+        super().hold(layer, which, slots, rows)
+        index = check_slot_mapping(slots, self.num_slots)
+        self._send(layer, [int(b) for b in np.unique(index // self.shape[1])])
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """The spec's copies, then the same copies on the device (a destination whose source

@@ -55,37 +55,20 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
-from hypothesis import strategies as st
-
 from conformance.errors import SetupError
 from conformance.lockstep.envelope import Envelope, Shape, envelope_for
 from conformance.lockstep.groups import (
-    GROUPS,
-    group_kv_heads,
-    group_layer_counts,
-    group_layouts,
     group_skips,
 )
 from conformance.lockstep.pairs import split_keys
 from conformance.lockstep.variants import (
     feature_variants,
-    fp8_layer_scales,
-    kv_quantization,
-    layer_variants,
 )
 from conformance.lockstep.workload import (
-    LARGE_LOGIT_GAIN,
     WorkloadConfig,
-    geometry_for,
-    large_pool_base,
     latent_geometry,
-    latent_scale,
-    nope_dims,
-    pool_blocks,
-    scale_for,
 )
 from spec.attention import AttentionVariant
-from spec.block_manager import cdiv
 from spec.capabilities import Capabilities
 from spec.kv_geometry import DTYPES, KVGeometry
 
@@ -100,10 +83,8 @@ MANY_PARTS = 9
 fixed 8 partial results (or an 8-bit count) goes wrong."""
 _WIDE_EXTRA = 4
 """Sequences a wide example may add beyond its starting width (new prompts mid-run)."""
-_WIDE_TOKENS = 24
 MAX_DRAFT = 4
 """Draft tokens per speculative row at most (the step's row then holds 1 + 4 tokens)."""
-"""Tokens a wide example's sequence may grow by after its prompt (decodes)."""
 LATENT = "latent"
 LATENT_FP8 = "latent fp8"
 """The feature passes of the latent layout: its rows unquantized, and in an fp8 cache."""
@@ -117,7 +98,7 @@ LATENT_KINDS = ("short", "wide", "long", "large pool")
 class Plan:
     """The values the suite draws from, after the backend's capabilities, for one pass."""
 
-    capabilities: Capabilities
+    caps: Capabilities
     envelope: Envelope
     block_sizes: tuple[int, ...]
     head_dims: tuple[int, ...]
@@ -165,15 +146,11 @@ class Plan:
         A row of ``1 + k`` tokens after cached context needs ``speculative``,
         ``chunked_prefill`` and ``max_query_len >= 1 + k``.
         """
-        caps = self.capabilities
+        caps = self.caps
         if not (caps.speculative and caps.chunked_prefill):
             return 0
         limit = MAX_DRAFT if caps.max_query_len is None else caps.max_query_len - 1
         return max(0, min(MAX_DRAFT, limit))
-
-    def configs(self) -> st.SearchStrategy[WorkloadConfig]:
-        """Workload configurations; they shrink towards the first value of each set."""
-        return _configs(self).filter(self._supported).filter(self._has_feature)
 
     def passes(self) -> list[Plan]:
         """One plan per pass, in order: the split pass when the backend's plan splits a decode
@@ -181,7 +158,7 @@ class Plan:
         production pass once per production shape, the feature pass once per declared
         attention variant and fp8 KV dtype, the groups pass when the backend declares KV
         cache groups."""
-        caps = self.capabilities
+        caps = self.caps
         plans = [replace(self, kind=k) for k in PASSES[:3]]
         plans += [replace(self, kind="split")] if many_parts_keys(caps) else []
         plans.append(replace(self, kind="large pool"))
@@ -196,7 +173,7 @@ class Plan:
     def vetoed(self) -> str | None:
         """Why a feature pass cannot draw at all: its feature, however little is paired with
         it, is vetoed on every shape (``None`` for the other passes, and when it can draw)."""
-        f, caps = self.feature, self.capabilities
+        f, caps = self.feature, self.caps
         if f is None or caps.excludes is None:
             return None
         if f in (LATENT, LATENT_FP8):
@@ -234,11 +211,11 @@ class Plan:
             g = latent_geometry(b, *layout, dtype, 1)
             if kv_dtype is not None:
                 g = replace(g, kv_dtype=kv_dtype, kv_scales=((1.0, 1.0),))
-            if not self.capabilities.unsupported(g, heads, v):
+            if not self.caps.unsupported(g, heads, v):
                 return True
         return False
 
-    def _has_feature(self, config: WorkloadConfig) -> bool:
+    def has_feature(self, config: WorkloadConfig) -> bool:
         """A feature pass's example uses its feature (some layer's variant, or the KV dtype)."""
         f, g = self.feature, config.geometry
         if f in (LATENT, LATENT_FP8):
@@ -247,10 +224,10 @@ class Plan:
             return True
         return any(f in config.variant(i).features for i in range(config.geometry.num_layers))
 
-    def _supported(self, config: WorkloadConfig) -> bool:
+    def supports(self, config: WorkloadConfig) -> bool:
         """The backend runs the example: asked of the geometry it allocates (a large pool's
         whole, past 2^31 elements, not the spec's part of it)."""
-        caps, g = self.capabilities, config.geometry
+        caps, g = self.caps, config.geometry
         if config.block_base:
             g = replace(g, num_blocks=config.block_base + g.num_blocks + 1)
         layers = range(g.num_layers)
@@ -267,10 +244,10 @@ class Plan:
                     shapes.append(latent)
                 continue
             snapped = Shape(
-                _nearest(s.head_dim, self.head_dims),
-                _nearest(s.num_kv_heads, self.kv_heads),
-                _nearest(s.gqa_ratio, self.gqa_ratios),
-                _nearest(s.block_size, self.block_sizes),
+                nearest(s.head_dim, self.head_dims),
+                nearest(s.num_kv_heads, self.kv_heads),
+                nearest(s.gqa_ratio, self.gqa_ratios),
+                nearest(s.block_size, self.block_sizes),
             )
             if snapped not in shapes and self._runs(snapped):
                 shapes.append(snapped)
@@ -282,14 +259,14 @@ class Plan:
             return None
         assert s.latent_dim is not None
         want = (s.latent_dim, s.head_dim - s.latent_dim)
-        declared = self.capabilities.latent
+        declared = self.caps.latent
         if declared is None or want in declared:  # the production layout itself, when it runs
             layout = want
         else:
             layout = min(self.latent, key=lambda x: (abs(sum(x) - sum(want)), x))
-        block = _nearest(s.block_size, self.block_sizes)
+        block = nearest(s.block_size, self.block_sizes)
         if not any(
-            not self.capabilities.unsupported(latent_geometry(block, *layout, d, 1), s.gqa_ratio)
+            not self.caps.unsupported(latent_geometry(block, *layout, d, 1), s.gqa_ratio)
             for d in self.dtypes
         ):
             return None
@@ -299,152 +276,16 @@ class Plan:
         """Some drawn dtype runs this shape (``excludes`` may veto it)."""
         heads = s.num_kv_heads * s.gqa_ratio
         return any(
-            not self.capabilities.unsupported(
+            not self.caps.unsupported(
                 KVGeometry(1, 4, s.block_size, s.num_kv_heads, s.head_dim, d), heads
             )
             for d in self.dtypes
         )
 
 
-def _nearest(value: int, allowed: tuple[int, ...]) -> int:
+def nearest(value: int, allowed: tuple[int, ...]) -> int:
+    """The allowed value closest to ``value`` (the smaller on a tie)."""
     return min(allowed, key=lambda x: (abs(x - value), x))
-
-
-@st.composite
-def _configs(draw: st.DrawFn, plan: Plan) -> WorkloadConfig:
-    """One workload's shape, dtype, options, and each layer's attention variant."""
-    env = plan.envelope
-    grouped = plan.kind == "groups"
-    latent = _latent_layout(draw, plan)
-    if latent is not None:  # one KV head shared by every query head: drawn apart
-        block_size, kv = draw(st.sampled_from(plan.block_sizes)), 1
-        ratio, head_dim = draw(st.sampled_from(env.latent_heads)), sum(latent)
-        if plan.shape is not None:
-            block_size, ratio = plan.shape.block_size, plan.shape.gqa_ratio
-    elif plan.shape is not None:
-        s = plan.shape
-        block_size, kv, ratio, head_dim = s.block_size, s.num_kv_heads, s.gqa_ratio, s.head_dim
-    elif plan.kind == "split":  # one cheap shape: a prefill of thousands of keys costs per head
-        block_size, kv, ratio = draw(st.sampled_from(plan.block_sizes)), 1, min(plan.gqa_ratios)
-        head_dim = _nearest(SPLIT_HEAD_DIM, plan.head_dims)
-    else:
-        block_size = draw(st.sampled_from(plan.block_sizes))
-        kv_heads = env.kv_heads_for(plan.kind, plan.kv_heads)
-        kv = draw(st.sampled_from(group_kv_heads(env, kv_heads) if grouped else kv_heads))
-        ratio = draw(st.sampled_from(plan.gqa_ratios))
-        head_dim = draw(st.sampled_from(plan.head_dims))
-    dtypes = _large_pool_dtypes(plan.dtypes) if plan.kind == "large pool" else plan.dtypes
-    dtype = draw(st.sampled_from(dtypes))
-    layer_counts = group_layer_counts(env, kv) if grouped else env.layers_for(plan.kind, kv)
-    layers = draw(st.sampled_from(layer_counts))
-    geometry, num_heads = geometry_for(block_size, kv, ratio, head_dim, dtype, layers)
-    if latent is not None:
-        geometry = latent_geometry(block_size, *latent, dtype, layers)
-    geometry = replace(geometry, num_blocks=_pool_blocks(plan, block_size))
-    layout = draw(group_layouts(plan.capabilities, layers, block_size)) if grouped else None
-    large_logits = draw(st.sampled_from((True, False)))  # large logits first: drawn more often
-    prefix_caching = draw(st.booleans()) if plan.prefix_caching else False
-    kv_dtype, kv_scales = draw(kv_quantization(plan.capabilities, layers, latent is not None))
-    spread = LARGE_LOGIT_GAIN if large_logits else 1.0  # the scores' spread, see scale_for
-    variants = draw(layer_variants(plan.capabilities, layers, num_heads, plan.long_context, spread))
-    if plan.feature in (LATENT, LATENT_FP8):  # the latent pass's cache: unquantized, or fp8
-        kv_dtype, kv_scales = None, ()
-        if plan.feature == LATENT_FP8:
-            kv_dtype = draw(st.sampled_from(sorted(plan.capabilities.kv_dtypes)))
-            kv_scales = draw(fp8_layer_scales(kv_dtype, layers, latent=True))
-    elif plan.feature is not None and plan.feature in plan.capabilities.kv_dtypes:
-        scales = fp8_layer_scales(plan.feature, layers, latent=latent is not None)
-        kv_dtype, kv_scales = plan.feature, draw(scales)
-    if plan.feature is not None or plan.kind == "split":  # on the first layer, every path
-        split = split_keys(plan.capabilities, env.device)
-        if plan.kind == "split":  # a window as wide as the decode: it still runs every part
-            split = many_parts_keys(plan.capabilities) or split
-        feature = plan.feature or "every variant"  # (a name no variant has: all of them)
-        wanted = feature_variants(plan.capabilities, feature, num_heads, spread, split)
-        quantized = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
-        runs = [v for v in wanted if not plan.capabilities.unsupported(quantized, num_heads, v)]
-        variants = ((runs or wanted)[0], *variants[1:])  # its pairing, unless the backend vetoes
-    if plan.kind in OPENS_WITH_PAIRS and plan.prefix_caching:
-        prefix_caching = True  # the opening's prefix hit
-    geometry = replace(geometry, kv_dtype=kv_dtype, kv_scales=kv_scales)
-    poison = draw(st.sampled_from(_POISON_DRAWS[plan.poison]))
-    if kv_dtype is not None and poison in ("+inf", "-inf"):
-        poison = "NaN"  # an fp8 write saturates infinities to the largest finite value
-    windows: tuple[int | None, ...] = ()
-    if layout is not None:
-        geometry = replace(geometry, layer_groups=layout.layer_groups)
-        variants, windows = layout.variants(variants), layout.windows
-    if latent is None:
-        scale = scale_for(geometry.head_dim, large_logits)
-    else:  # the model's, from its drawn per-head width: never the row's
-        scale = latent_scale(draw(st.sampled_from(nope_dims(*latent))), latent[1], large_logits)
-    return WorkloadConfig(
-        geometry,
-        num_heads,
-        scale,
-        draw(st.integers(0, 2**32 - 1)),
-        prefix_caching,
-        plan.long_context,
-        variants=() if all(v.is_plain for v in variants) else variants,
-        block_base=large_pool_base(geometry) if plan.kind == "large pool" else 0,
-        group_windows=windows,
-        poison=poison,
-    )
-
-
-def _latent_layout(draw: st.DrawFn, plan: Plan) -> tuple[int, int] | None:
-    """The example's latent layout ``(latent_dim, rope_dim)``, or ``None`` for per-head K and V.
-
-    The latent passes and a latent production shape always draw one; the
-    short, wide, long and large-pool passes one example in :data:`LATENT_ONE_IN`
-    (shrinking towards per-head K and V); the others never; every pass of a
-    latent-only backend always. Nothing is drawn for a plan without latent
-    layouts, so such a backend's examples are drawn as before.
-    """
-    if not plan.latent:
-        return None
-    s = plan.shape
-    if s is not None:
-        return None if s.latent_dim is None else (s.latent_dim, s.head_dim - s.latent_dim)
-    if plan.feature not in (LATENT, LATENT_FP8) and not plan.latent_only:
-        if plan.kind not in LATENT_KINDS:
-            return None
-        if draw(st.integers(0, LATENT_ONE_IN - 1)) != LATENT_ONE_IN - 1:
-            return None
-    return draw(st.sampled_from(plan.latent))
-
-
-_POISON_DRAWS: dict[str, tuple[str | None, ...]] = {
-    "nan": (None, "NaN", "+inf", None, "-inf"),
-    "finite": (None, "finite"),
-    "off": (None,),
-}
-"""What slots no live token owns hold, by the run's poison mode: with NaN, finite values in two
-examples of five (shrinking there); with finite poison, a large finite value in one of two."""
-
-
-OPENS_WITH_PAIRS = ("feature", "large pool")
-"""The passes whose examples open with every kernel path (see
-:meth:`~conformance.lockstep.machine.LockstepMachine.start`)."""
-
-
-def _pool_blocks(plan: Plan, block_size: int) -> int:
-    """The pool of one example: small for short ones, room for every sequence of wide ones,
-    and for a split-KV context twice over in the passes that open with one (per group in
-    the groups pass); the split pass's decode and a long prompt more."""
-    if plan.kind in OPENS_WITH_PAIRS:
-        return _split_blocks(plan, block_size)
-    if plan.kind == "split":
-        many = many_parts_keys(plan.capabilities) or 0
-        return cdiv(many + plan.envelope.long_pool_tokens, block_size)
-    if plan.long_context:
-        return cdiv(plan.envelope.long_pool_tokens, block_size)
-    if plan.wide:
-        per_seq = cdiv(2 * block_size + 1 + _WIDE_TOKENS, block_size) + 1
-        return plan.max_live * per_seq
-    if plan.kind == "groups":  # the groups share one pool: each gets a split-KV context's
-        return GROUPS * max(pool_blocks(block_size), _split_blocks(plan, block_size))
-    return pool_blocks(block_size)
 
 
 def many_parts_keys(caps: Capabilities) -> int | None:
@@ -467,41 +308,20 @@ def many_parts_keys(caps: Capabilities) -> int | None:
     return keys
 
 
-SPLIT_HEAD_DIM = 64
-"""The split pass's head dim (the plan's nearest): its prompt of thousands of tokens costs an
-interpreted kernel per key tile, and wide heads halve the tile."""
-
-
-def _split_blocks(plan: Plan, block_size: int) -> int:
-    return cdiv(2 * split_keys(plan.capabilities, plan.envelope.device), block_size) + 8
-
-
-def _large_pool_dtypes(dtypes: tuple[str, ...]) -> tuple[str, ...]:
-    """One 16-bit dtype for a large pool: 4 GiB of (lazily allocated) memory per tensor, not 8.
-
-    float16 when declared: a numpy backend may hold bfloat16 in float32.
-    """
-    for d in ("float16", "bfloat16"):
-        if d in dtypes:
-            return (d,)
-    return dtypes
-
-
 def plan_for(
-    capabilities: Capabilities, dtypes: Iterable[str] | None = None, device: str | None = None
+    caps: Capabilities, dtypes: Iterable[str] | None = None, device: str | None = None
 ) -> Plan:
     """The plan for a backend with these capabilities, optionally limited to ``dtypes``.
 
-    ``device`` overrides ``capabilities.device`` in choosing the envelope.
+    ``device`` overrides ``caps.device`` in choosing the envelope.
     """
-    caps = capabilities
     env = envelope_for(caps.device if device is None else device)
     skipped: list[str] = []
     notes: list[str] = []
     chosen_dtypes = _dtypes(caps, dtypes, skipped)
     ratios = _ratios(caps, env, skipped, notes)
     plan = Plan(
-        capabilities=caps,
+        caps=caps,
         envelope=env,
         block_sizes=_choose("block size", env.block_sizes, caps.block_sizes, skipped, notes),
         head_dims=_choose("head dim", env.head_dims, caps.head_dims, skipped, notes),
@@ -544,7 +364,7 @@ def _latent_layouts(
     """The latent layouts to draw: the envelope's when ``capabilities.latent`` is ``None``, the
     declared ones (exactly, when few), none when it is empty; each that ``excludes`` vetoes
     on every dtype and block size left out, with why."""
-    caps, env = plan.capabilities, plan.envelope
+    caps, env = plan.caps, plan.envelope
     if caps.latent is not None and not caps.latent:
         skipped.append("latent layouts (multi-head latent attention): capabilities.latent is empty")
         return ()
@@ -612,14 +432,14 @@ def _ratios(
 
 def _choose(
     label: str,
-    ours: tuple[int, ...],
+    envelope_values: tuple[int, ...],
     declared: AbstractSet[int] | None,
     skipped: list[str],
     notes: list[str],
 ) -> tuple[int, ...]:
     """One dimension's values to draw: the envelope's, a declared set, or their intersection."""
     if declared is None:
-        return ours
+        return envelope_values
     if not declared:
         raise SetupError(
             f"capabilities: the declared {label}s are an empty set, so there is nothing to draw: "
@@ -629,14 +449,14 @@ def _choose(
         chosen = tuple(sorted(declared))
         notes.append(f"{label}s: drawn exactly as declared: {', '.join(map(str, chosen))}")
     else:
-        chosen = tuple(x for x in ours if x in declared)
+        chosen = tuple(x for x in envelope_values if x in declared)
         if not chosen:
             chosen = tuple(sorted(declared)[:4])
             notes.append(
-                f"{label}s: none of the envelope's {list(ours)} is declared; "
+                f"{label}s: none of the envelope's {list(envelope_values)} is declared; "
                 f"drawing the backend's smallest {list(chosen)}"
             )
-    missing = [x for x in ours if x not in chosen]
+    missing = [x for x in envelope_values if x not in chosen]
     if missing:
         skipped.append(
             f"{label}s {', '.join(map(str, missing))} of the envelope: not declared by the backend"
@@ -685,7 +505,7 @@ def _query_skips(caps: Capabilities, env: Envelope) -> list[str]:
 def _excluded_pairings(plan: Plan) -> list[str]:
     """The feature passes' pairings (ALiBi with sinks, ...) the backend's ``excludes`` vetoes
     on every shape: those passes draw their feature without them."""
-    caps = plan.capabilities
+    caps = plan.caps
     if caps.excludes is None:
         return []
     out = []
@@ -724,7 +544,7 @@ def _heads(v: AttentionVariant, num_heads: int) -> AttentionVariant:
 def _excluded(plan: Plan) -> tuple[list[str], bool]:
     """The shapes ``capabilities.excludes`` vetoes, by reason, and whether it vetoes them all:
     an error, unless the plan draws latent layouts (then they are all it draws)."""
-    caps = plan.capabilities
+    caps = plan.caps
     if caps.excludes is None:
         return [], False
     reasons: Counter[str] = Counter()

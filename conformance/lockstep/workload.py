@@ -87,7 +87,7 @@ def tie_values(kv_dtype: str, scale: float) -> tuple[float, ...]:
 
 POISONS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf, "finite": 1000.0}
 """What a poisoned example fills every slot no live token owns with (see
-:meth:`~conformance.lockstep.driver.Lockstep.poison_unowned`): a kernel that reads such a
+:meth:`~conformance.lockstep.poison.Poison.unowned`): a kernel that reads such a
 slot, even to multiply it by a zero weight, gets a non-finite output; with ``"finite"``
 (``--poison finite``) only a kernel that uses what it reads there goes wrong."""
 NON_FINITE = ("NaN", "+inf", "-inf")

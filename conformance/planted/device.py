@@ -23,7 +23,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 
 if TYPE_CHECKING:
     from spec.batch import BatchArrays

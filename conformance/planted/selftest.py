@@ -31,7 +31,8 @@ from conformance.planted.hidden import PLANTED_HIDDEN, RoundingHidesOverflow
 from conformance.planted.selftest_bounds import bounds_selftest
 from conformance.planted.selftest_scheduler import scheduler_selftest
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.backend import ReferenceBackend
 
 SELFTEST_SEED = 20240601

@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from conformance.bounds.checker import unusable
 from conformance.run.control import RunControl
-from conformance.run.runner import RunResult, run_suite
+from conformance.run.result import RunResult
+from conformance.run.runner import run_suite
 from spec.backend import Backend
 
 SEED = 20240601

@@ -9,7 +9,7 @@ is an entry of its own. Each failure keeps its replay lines in the JSON report.
 from __future__ import annotations
 
 from conformance.run.failures import PassFailure, by_cause
-from conformance.run.runner import RunResult
+from conformance.run.result import RunResult
 
 
 def failure_lines(result: RunResult) -> list[str]:

@@ -22,12 +22,13 @@ from typing import Any
 from conformance.bounds.checker import CONTRACT
 from conformance.interpreter.limits import limit_in
 from conformance.interpreter.specialisations import counts
-from conformance.reports import replay
+from conformance.output_files import junit_suite, write_output
 from conformance.reports.failures import failure_lines
-from conformance.reports.files import junit_suite, write_output
-from conformance.reports.replay import portable_ref
+from conformance.run import replay
 from conformance.run.failures import by_cause, distinct
-from conformance.run.runner import PROFILES, RunResult
+from conformance.run.profiles import PROFILES
+from conformance.run.replay import portable_ref
+from conformance.run.result import RunResult
 from spec.capabilities import Capabilities
 
 INTERRUPTED = "INTERRUPTED (Ctrl-C or SIGTERM)"
@@ -407,7 +408,7 @@ def _capabilities(caps: Capabilities) -> dict[str, Any]:
 
 
 def write_json(result: RunResult, path: Path) -> None:
-    """The JSON report, written by :func:`conformance.reports.files.write_output`'s rule."""
+    """The JSON report, written by :func:`conformance.output_files.write_output`'s rule."""
     write_output(path, json.dumps(json_report(result), indent=2) + "\n")
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from conformance.lockstep.machine import RunStats
+from conformance.lockstep.run_stats import RunStats
 
 
 @contextmanager

@@ -42,14 +42,14 @@ from typing import Any, Generic, TypeVar
 
 from conformance.errors import SetupError
 from conformance.judges.compare import Difference
-from conformance.lockstep.machine import RunStats
+from conformance.lockstep.run_stats import RunStats
 from conformance.run.control import LOAD_TIMEOUT_S, RunControl
 from conformance.run.database import REDIS_SCHEMES
 from conformance.run.failures import PassFailure
 from conformance.run.protocol import decode
-from conformance.run.runner import RunResult, headline_first
-from conformance.run.watchdog import Call
+from conformance.run.result import RunResult, headline_first
 from conformance.run.worker import REQUEST_VAR
+from conformance.watchdog import Call
 from spec.capabilities import Capabilities
 
 _POLL_S = 0.1

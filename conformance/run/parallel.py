@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from conformance.errors import SetupError
-from conformance.lockstep.machine import RunStats
+from conformance.lockstep.run_stats import RunStats
 from conformance.run.failures import PassFailure
 from conformance.run.isolation import BackendChild, Request, run_together, to_stderr
-from conformance.run.runner import RunResult, restore_headline, take_failure
+from conformance.run.result import RunResult, restore_headline, take_failure
 
 MAX_JOBS = 64
 """More jobs than this at once is a mistake (each holds a backend and a GiB or so)."""

@@ -5,7 +5,7 @@ SIGTERM. Left to its default, SIGTERM ends the process at once: no report is
 written, and a report of an earlier run stays in place. While
 :func:`sigterm_as_sigint` is in force, SIGTERM goes to whatever handles SIGINT
 now (Python's, which raises ``KeyboardInterrupt``, or a run's own handler,
-:mod:`conformance.run.watchdog`), so the run stops the same way: its child
+:mod:`conformance.watchdog`), so the run stops the same way: its child
 process killed, its reports written and marked interrupted, exit status 130.
 Where SIGINT is ignored (a background job started by a shell ignores it),
 SIGTERM still stops the run, with ``KeyboardInterrupt``.

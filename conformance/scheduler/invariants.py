@@ -61,159 +61,50 @@ the paths the run took (preemptions, swaps, forks, prefix hits, ...).
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import pairwise
-from typing import Protocol, TypeVar, cast
+from typing import TypeVar, cast
 
 import numpy as np
 
-from conformance.run.watchdog import CallTimeout, current_watch
+from conformance.scheduler.executors import (
+    Executor,
+    ExecutorFactory,
+    TokenFn,
+    TokenFnExecutor,
+    default_tokens,
+)
+from conformance.scheduler.rules import (
+    ACCEPTANCE,
+    BOUNDED,
+    BUDGET,
+    CALLS,
+    CONFIG,
+    DRAFTS,
+    EXECUTABLE,
+    FCFS,
+    FINISHED,
+    INPUTS,
+    INTEGRITY,
+    LEAK,
+    NO_SKIP,
+    PROGRESS,
+    RETURNS,
+    SEATS,
+    SLOTS,
+    UNIQUE_IDS,
+    VERIFIED,
+    RunReport,
+    SchedulerInvariantError,
+)
+from conformance.watchdog import CallTimeout, current_watch
 from spec.block_manager import cdiv
 from spec.request import Request
 from spec.scheduler import FinishedRequest, Scheduler, SchedulerConfig, SchedulerOutput
-from spec.speculative import accepted_prefix
 
-TokenFn = Callable[[Request, int, int], int]
 T = TypeVar("T")
-
-BUDGET = "token budget"
-SEATS = "max_num_seqs"
-SLOTS = "a slot for every scheduled token"
-INPUTS = "input tokens are the sequence's tokens"
-NO_SKIP = "no running sequence skipped"
-INTEGRITY = "block manager integrity"
-CALLS = "scheduler calls do not raise"
-RETURNS = "scheduler calls return the protocol's types"
-CONFIG = "the configuration is not changed"
-EXECUTABLE = "decisions the engine can execute"
-FINISHED = "finished requests hold nothing"
-PROGRESS = "progress (no deadlock)"
-BOUNDED = "bounded wait"
-FCFS = "FCFS order"
-UNIQUE_IDS = "sequence ids unique to one request"
-LEAK = "no leak at the end"
-OUTPUTS = "outputs as sampled"
-DRAFTS = "speculative rows carry the proposed drafts"
-VERIFIED = "no drafts in flight between steps"
-ACCEPTANCE = "acceptance metrics as verified"
-RULES: tuple[str, ...] = (BUDGET, SEATS, SLOTS, INPUTS, NO_SKIP, INTEGRITY, CALLS, FINISHED)
-RULES += (PROGRESS, BOUNDED, FCFS, UNIQUE_IDS, LEAK, RETURNS, CONFIG)
-SPECULATIVE_RULES = (DRAFTS, VERIFIED, ACCEPTANCE)
-"""The rules a run checks only when it speculates (counted apart, so that a run without
-speculation reports what it always did)."""
-"""Every rule a run checks, whatever its executor (which adds its own final rule)."""
-
-PATHS = (
-    "aborts",
-    "copy-on-write copies",
-    "forked samples",
-    "multi-token rows (prefill chunks)",
-    "preemptions by recomputation",
-    "preemptions by swapping",
-    "prefix-cache hit tokens",
-    "requests finished",
-    "single-token rows",
-    "steps that preempted",
-    "swap-ins",
-)
-SPECULATIVE_PATHS = ("speculative rows", "drafts accepted", "drafts rejected")
-"""The hard paths a run counts (a count of 0 is a path the scheduler never took)."""
-
-
-class SchedulerInvariantError(AssertionError):
-    """A scheduler broke one of the invariants above: ``rule`` at ``step``, and how."""
-
-    def __init__(self, rule: str, step: int, detail: str) -> None:
-        super().__init__(f"step {step}: {detail}")
-        self.rule, self.step, self.detail = rule, step, detail
-
-    def __reduce__(self) -> tuple[type[SchedulerInvariantError], tuple[str, int, str]]:
-        """Pickled as its three fields (an isolated run's child sends it to the parent)."""
-        return (type(self), (self.rule, self.step, self.detail))
-
-
-class Executor(Protocol):
-    """Runs a step's decision and samples; knows what each request generates alone."""
-
-    @property
-    def rule(self) -> str:
-        """The name of the final check it makes possible (how its outputs are compared)."""
-        ...
-
-    def execute(self, out: SchedulerOutput) -> Mapping[int, int | tuple[int, ...]]:
-        """Execute ``out`` and return one sampled token per ``out.samples`` entry's ``seq_id``
-        (a speculative row's: its accepted drafts, then the next token)."""
-        ...
-
-    def alone(self, request: Request) -> tuple[tuple[int, ...], ...]:
-        """Each sample's outputs when the request runs by itself."""
-        ...
-
-
-ExecutorFactory = Callable[[Scheduler, Mapping[int, Request]], Executor]
-
-
-def default_tokens(request: Request, sample_index: int, position: int) -> int:
-    """A deterministic stand-in for sampling: depends only on who and where, never on batching."""
-    return (request.request_id * 7919 + sample_index * 104729 + position * 31 + request.seed) % 61
-
-
-@dataclass
-class RunReport:
-    """What a checked run saw: totals, each rule's check count, each path's count, results."""
-
-    steps: int = 0
-    tokens: int = 0
-    preemptions: int = 0
-    swaps: int = 0
-    max_running: int = 0
-    results: dict[int, FinishedRequest] = field(default_factory=dict)
-    checks: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(RULES, 0)))
-    paths: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(PATHS, 0)))
-
-
-def expected_outputs(
-    request: Request, tokens: TokenFn = default_tokens
-) -> tuple[tuple[int, ...], ...]:
-    """Each sample's outputs when run alone: draw until a stop token or ``max_new_tokens``."""
-    outs = []
-    for i in range(request.n):
-        out: list[int] = []
-        while len(out) < request.max_new_tokens:
-            out.append(tokens(request, i, len(out)))
-            if out[-1] in request.stop_tokens:
-                break
-        outs.append(tuple(out))
-    return tuple(outs)
-
-
-@dataclass
-class _TokenFnExecutor:
-    """The model-free executor: a sample's token is ``tokens(request, sample, position)``."""
-
-    requests: Mapping[int, Request]
-    tokens: TokenFn
-    rule: str = OUTPUTS
-
-    def execute(self, out: SchedulerOutput) -> dict[int, int | tuple[int, ...]]:
-        drafts = dict(out.drafts)
-        sampled: dict[int, int | tuple[int, ...]] = {}
-        for s in out.samples:
-            request = self.requests[s.request_id]
-            if s.seq_id not in drafts:
-                sampled[s.seq_id] = self.tokens(request, s.sample_index, s.position)
-                continue
-            d = drafts[s.seq_id]  # greedy verification against the true tokens
-            targets = [self.tokens(request, s.sample_index, s.position + j) for j in range(len(d))]
-            targets.append(self.tokens(request, s.sample_index, s.position + len(d)))
-            sampled[s.seq_id] = accepted_prefix(d, targets)[1]
-        return sampled
-
-    def alone(self, request: Request) -> tuple[tuple[int, ...], ...]:
-        return expected_outputs(request, self.tokens)
 
 
 def run_checked(
@@ -239,7 +130,7 @@ def run_checked(
     run = _Run(sched, RunReport(), own)
     run.check_config()
     run.executor = (
-        executor(sched, by_id) if executor is not None else _TokenFnExecutor(by_id, tokens)
+        executor(sched, by_id) if executor is not None else TokenFnExecutor(by_id, tokens)
     )
     arrive = dict(arrivals or {})
     pending = sorted(requests, key=lambda r: arrive.get(r.request_id, 0))
@@ -281,7 +172,7 @@ class _Run:
 
         Any exit counts: an exception, ``sys.exit``, any other ``BaseException``,
         and a ``KeyboardInterrupt`` unless the run's watch says the user pressed
-        Ctrl-C (:mod:`conformance.run.watchdog`); a per-call timeout passes through.
+        Ctrl-C (:mod:`conformance.watchdog`); a per-call timeout passes through.
         """
         self.report.checks[rule] += 1
         try:
@@ -368,7 +259,7 @@ class _Run:
         self.count_paths(out, before)
         assert self.executor is not None
         execute = partial(self.executor.execute, out)
-        if isinstance(self.executor, _TokenFnExecutor):  # nothing to execute: no check
+        if isinstance(self.executor, TokenFnExecutor):  # nothing to execute: no check
             sampled = execute()
         else:
             sampled = self.call(execute, f"executing step {out.step}", EXECUTABLE)
@@ -400,7 +291,7 @@ class _Run:
         propose = getattr(self.sched, "propose", None)
         sequences = getattr(self.sched, "sequences", None)
         ex = self.executor
-        if not k or propose is None or sequences is None or not isinstance(ex, _TokenFnExecutor):
+        if not k or propose is None or sequences is None or not isinstance(ex, TokenFnExecutor):
             return
         running = set(self.sched.manager.sequence_ids())
         for seq in sequences():

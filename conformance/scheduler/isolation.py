@@ -21,7 +21,7 @@ from typing import Any
 
 from conformance.errors import SetupError
 from conformance.run.isolation import ChildProcess, to_stderr
-from conformance.scheduler.invariants import SchedulerInvariantError
+from conformance.scheduler.rules import SchedulerInvariantError
 from conformance.scheduler.suite import (
     CRASH,
     HANG,

@@ -4,7 +4,7 @@ The same shapes as the backend suite's (:mod:`conformance.reports.report`): a ve
 line with the seed, what ran, and for a failure the rule, the step, and the
 shrunk workload as plain Python that rebuilds it and calls
 :func:`conformance.scheduler.suite.check_workload`, which raises
-:class:`~conformance.scheduler.invariants.SchedulerInvariantError` at the violation.
+:class:`~conformance.scheduler.rules.SchedulerInvariantError` at the violation.
 
 >>> from spec.request import Request
 >>> print(python_call(Request(request_id=0, prompt=(5, 6), max_new_tokens=2, n=2)))
@@ -20,9 +20,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from conformance.reports.files import junit_suite, write_output
-from conformance.reports.replay import portable_ref
+from conformance.output_files import junit_suite, write_output
 from conformance.reports.report import INTERRUPTED
+from conformance.run.replay import portable_ref
 from conformance.scheduler.engine import EQUIVALENCE
 from conformance.scheduler.suite import PROFILES, SchedulerRunResult
 from conformance.scheduler.workloads import Workload
@@ -222,7 +222,7 @@ def json_report(result: SchedulerRunResult) -> dict[str, Any]:
 
 
 def write_json(result: SchedulerRunResult, path: Path) -> None:
-    """The JSON report, written by :func:`conformance.reports.files.write_output`'s rule."""
+    """The JSON report, written by :func:`conformance.output_files.write_output`'s rule."""
     write_output(path, json.dumps(json_report(result), indent=2) + "\n")
 
 

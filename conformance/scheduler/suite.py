@@ -50,12 +50,13 @@ from hypothesis.errors import FlakyFailure, HypothesisException
 from conformance.errors import SetupError
 from conformance.run.control import DEFAULT_CALL_TIMEOUT_S
 from conformance.run.discovery import load_callable
-from conformance.run.runner import _same_draws_everywhere as same_draws_everywhere
-from conformance.run.watchdog import CallTimeout, RunWatch, Sink, current_watch, watching
+from conformance.run.examples import same_draws_everywhere
 from conformance.scheduler.engine import EngineExecutor, engine_unsupported
-from conformance.scheduler.invariants import RunReport, SchedulerInvariantError, run_checked
+from conformance.scheduler.invariants import run_checked
+from conformance.scheduler.rules import RunReport, SchedulerInvariantError
 from conformance.scheduler.watched import watched_factory
 from conformance.scheduler.workloads import Workload, workloads
+from conformance.watchdog import CallTimeout, RunWatch, Sink, current_watch, watching
 from spec.scheduler import Scheduler, SchedulerConfig
 
 SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
@@ -224,7 +225,7 @@ def check_workload(
 
 
 class _BudgetSpent(KeyboardInterrupt):
-    """Stops Hypothesis drawing another workload (see ``conformance.run.runner._BudgetSpent``)."""
+    """Stops Hypothesis drawing another workload (see ``conformance.run.examples._BudgetSpent``)."""
 
 
 def _check(make: SchedulerFactory, w: Workload, stats: SuiteStats, passes: Sequence[bool]) -> None:

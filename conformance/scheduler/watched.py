@@ -1,7 +1,7 @@
 """Every call the scheduler suite makes into a scheduler, reported to the run's watch.
 
 The backend suite's guard (:mod:`conformance.judges.guard`) tells the run's
-:class:`~conformance.run.watchdog.RunWatch` when each backend call starts and
+:class:`~conformance.watchdog.RunWatch` when each backend call starts and
 ends; this does the same for a scheduler, so the same machinery times it: in
 an isolated run the parent process kills a child whose call passed the
 per-call timeout (:mod:`conformance.scheduler.isolation`), in process the
@@ -11,7 +11,7 @@ builds is a :class:`WatchedScheduler`, whose protocol methods are reported
 with the step they are made at. What a call raises is left to the checker
 (:meth:`conformance.scheduler.invariants._Run.call` judges it).
 
->>> from conformance.run.watchdog import RunWatch
+>>> from conformance.watchdog import RunWatch
 >>> from spec.scheduler import ContinuousScheduler, SchedulerConfig
 >>> events = []
 >>> make = watched_factory(ContinuousScheduler, RunWatch(None, events.append, isolated=True))
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
-from conformance.run.watchdog import Call, RunWatch
+from conformance.watchdog import Call, RunWatch
 from spec.scheduler import Scheduler, SchedulerConfig
 
 METHODS = frozenset({"submit", "abort", "step", "update", "has_unfinished", "result"})

@@ -16,9 +16,9 @@ from typing import Any
 
 from conformance.errors import SetupError
 from conformance.run.discovery import load_callable
-from conformance.run.watchdog import Call, RunWatch
 from conformance.run.worker import Channel, finish, start
 from conformance.scheduler.suite import SchedulerFactory, probe_scheduler, run_scheduler_suite
+from conformance.watchdog import Call, RunWatch
 
 
 def main() -> None:

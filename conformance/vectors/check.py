@@ -56,11 +56,13 @@ from conformance.judges.numerics import (
     probability_spread,
     ulp_scale,
 )
-from conformance.lockstep.driver import P_ROUNDING_ALLOWED, ConformanceFailure
-from conformance.lockstep.machine import RunStats
+from conformance.lockstep.calls import attention_calls, sub_batch, token_rows
+from conformance.lockstep.driver import ConformanceFailure
+from conformance.lockstep.output_check import P_ROUNDING_ALLOWED
+from conformance.lockstep.run_stats import RunStats
 from conformance.lockstep.workload import kv_parts, large_scale
-from conformance.run.calls import attention_calls, sub_batch, token_rows
-from conformance.run.runner import PROFILES, RunResult
+from conformance.run.profiles import PROFILES
+from conformance.run.result import RunResult
 from conformance.vectors.consistency import check_operations
 from conformance.vectors.format import (
     batch_of,

@@ -37,9 +37,10 @@ from conformance.errors import SetupError
 from conformance.judges.dtypes import round_to
 from conformance.judges.numerics import LARGE_LOGITS, USUAL_SCALE, same_precision
 from conformance.lockstep.workload import large_scale
-from conformance.reports.files import check_output_folder
+from conformance.output_files import check_output_folder
 from conformance.run.control import RunControl
-from conformance.run.runner import PROFILES, run_suite
+from conformance.run.profiles import PROFILES
+from conformance.run.runner import run_suite
 from conformance.vectors.format import (
     ARRAYS,
     FORMAT,

@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from conformance.judges import numerics
-from conformance.reports.files import write_output
+from conformance.output_files import write_output
 from conformance.vectors.safe import (
     MAX_ARRAY_BYTES,
     MAX_MANIFEST_BYTES,

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
-from conformance.reports.files import write_output
+from conformance.output_files import write_output
 
 COLORS = {
     "static": "tab:red",

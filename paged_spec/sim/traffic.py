@@ -149,7 +149,7 @@ def load_trace(path: Path) -> list[TraceRequest]:
 
 def save_trace(path: Path, trace: Iterable[TraceRequest]) -> None:
     """Write a trace in the format :func:`load_trace` reads (by the project's one rule for an
-    output path: :func:`conformance.reports.files.write_output`)."""
-    from conformance.reports.files import write_output
+    output path: :func:`conformance.output_files.write_output`)."""
+    from conformance.output_files import write_output
 
     write_output(path, "".join(json.dumps(asdict(r)) + "\n" for r in trace))
