@@ -121,7 +121,7 @@ class TorchKVCache:
     @property
     def storage(self) -> list[torch.Tensor]:
         """The tensors that hold the cache: each layer's rows (latent), or its K and V."""
-        return self.rows if self.rows else [*self.k, *self.v]
+        return self.rows if self.geometry.is_latent else [*self.k, *self.v]
 
     def _nans(self, shape: tuple[int, ...]) -> torch.Tensor:
         """NaN-filled storage, or uninitialised (lazy) storage for a pool too large to fill."""

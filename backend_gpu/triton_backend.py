@@ -28,13 +28,10 @@ import torch
 import backend_gpu  # noqa: F401  (sets TRITON_INTERPRET on CPU-only machines first)
 from backend_gpu._cache import Returned, TorchCacheBackend
 from backend_gpu.kernels import copy_blocks, paged_attention, reshape_and_cache
-from backend_gpu.kernels.attention import MAX_HEAD_DIM, split_rule
-from backend_gpu.kernels.latent_attention import (
-    MAX_LATENT_DIM,
-    MAX_ROPE_DIM,
-    paged_latent_attention,
-)
+from backend_gpu.kernels.attention import MAX_HEAD_DIM
+from backend_gpu.kernels.latent_attention import latent_limits, paged_latent_attention
 from backend_gpu.kernels.latent_write import write_latent
+from backend_gpu.kernels.plan import split_rule
 from backend_gpu.kernels.target import launch_target
 from spec.attention import VARIANTS, AttentionVariant
 from spec.backend import FloatArray
@@ -46,19 +43,16 @@ from spec.kv_geometry import DTYPES, KV_DTYPES, KVGeometry
 
 def _latent_too_wide(geometry: KVGeometry, num_heads: int, variant: object) -> str | None:
     """The latent kernels' limit, as a capabilities veto: widths they are built for."""
-    if geometry.latent_dim is None:
+    if geometry.latent_dim is None or geometry.rope_dim is None:
         return None
-    rope = geometry.head_dim - geometry.latent_dim
-    if geometry.latent_dim <= MAX_LATENT_DIM and rope <= MAX_ROPE_DIM:
+    limits = latent_limits(geometry.latent_dim, geometry.rope_dim)
+    if limits is None:
         return None
-    return (
-        f"latent layout {geometry.latent_dim}+{rope} (latent_dim <= {MAX_LATENT_DIM} and "
-        f"rope_dim <= {MAX_ROPE_DIM} only)"
-    )
+    return f"latent layout {geometry.latent_dim}+{geometry.rope_dim} ({limits} only)"
 
 
 def _decode_split(device: torch.device) -> DecodeSplit:
-    """The kernels' split rule on ``device`` (:func:`~backend_gpu.kernels.attention.split_rule`),
+    """The kernels' split rule on ``device`` (:func:`~backend_gpu.kernels.plan.split_rule`),
     as the suite reads it: the launch plan of the GPU, or of the one the interpreter plays."""
     target = launch_target(device)
     rule = split_rule(target)
@@ -130,11 +124,13 @@ class TritonBackend(TorchCacheBackend):
         slot_mapping: Sequence[int] | torch.Tensor,
     ) -> None:
         k, v, slots, k_cache, v_cache = self._kv_inputs(layer, key, value, slot_mapping)
-        k_scale, v_scale = self._mem().scales(layer)
-        if self._mem().rows:  # latent: one row [c_kv, k_rope] a token, one scale
+        cache = self._mem()
+        k_scale, v_scale = cache.scales(layer)
+        if cache.geometry.is_latent:  # one row [c_kv, k_rope] a token, one scale
             self._write_latent(
-                k, v, self._mem().rows[layer], slots, check_slots=False, scale=k_scale
-            )
+                c_kv=k, k_rope=v, cache=cache.rows[layer], slot_mapping=slots, check_slots=False,
+                scale=k_scale,
+            )  # fmt: skip
             return
         reshape_and_cache(
             k, v, k_cache, v_cache, slots, check_slots=False, k_scale=k_scale, v_scale=v_scale
@@ -143,7 +139,7 @@ class TritonBackend(TorchCacheBackend):
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         cache = self._mem()
         pairs = list(self._copies(copies))
-        if cache.rows:  # latent: the rows, as the one cache of each layer
+        if cache.geometry.is_latent:  # the rows, as the one cache of each layer
             rows = [row.unsqueeze(2) for row in cache.rows]
             copy_blocks(rows, rows, pairs)  # copy_blocks takes K and V lists: each row twice
             return
@@ -169,7 +165,8 @@ class TritonBackend(TorchCacheBackend):
         else:
             qsl, lens, tables = self._device_metadata(batch, group)
         k_scale, v_scale = self._mem().scales(layer)
-        if self._mem().rows:
+        geometry = self._mem().geometry
+        if geometry.latent_dim is not None:  # one cache of rows [c_kv, k_rope] a layer
             return self._returned(
                 self._latent_attention(
                     q[: batch.num_tokens],
@@ -178,7 +175,7 @@ class TritonBackend(TorchCacheBackend):
                     lens,
                     tables,
                     scale,
-                    latent_dim=k_cache.shape[3],
+                    latent_dim=geometry.latent_dim,
                     num_splits=self.num_splits,
                     max_query_len=batch.max_query_len,
                     max_seq_len=batch.max_seq_len,

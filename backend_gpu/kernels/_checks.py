@@ -122,8 +122,13 @@ def check_cache_pair(k_cache: object, v_cache: object) -> tuple[torch.Tensor, to
     return k, v
 
 
-def check_slot_range(slots: torch.Tensor, num_slots: int) -> None:
-    """Every slot is ``-1`` (padding) or in ``0..num_slots - 1``: a host check (a GPU sync)."""
+def check_write_slots(slots: torch.Tensor, num_slots: int, check_range: bool) -> None:
+    """A KV write's slots are dense and (``check_range``: a host check, a GPU sync) each is
+    ``-1`` (padding) or in ``0..num_slots - 1``."""
+    if not slots.is_contiguous():
+        raise InvalidRequestError("slot_mapping must be contiguous")
+    if not check_range or slots.shape[0] == 0:
+        return
     bad = (slots != -1) & ((slots < 0) | (slots >= num_slots))
     if bool(bad.any()):
         first = int(slots[bad][0])

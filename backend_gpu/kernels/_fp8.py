@@ -42,9 +42,14 @@ def as_bytes(cache: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def fp8_encode(x, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FP8_MAX: tl.constexpr):  # type: ignore[no-untyped-def]
-    """float32 ``x`` -> fp8 byte: round to nearest (ties to even), saturate, NaN -> 0x7F.
+def fp8_quantize(  # type: ignore[no-untyped-def]
+    x, scale, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FP8_MAX: tl.constexpr
+):
+    """``x / scale`` -> fp8 byte (:func:`spec.quant.quantize`): the division in float32 with
+    IEEE rounding, then to nearest (ties to even), saturating, NaN -> 0x7F.
 
+    ``div_rn`` is ``div.rn.f32`` on every Triton (3.6 compiles ``tl.fdiv(ieee_rounding=True)``
+    to the approximate ``div.full.f32``; tests/test_interpreter_ptx.py reads it in the PTX).
     ``|x|`` is ``sig * 2**(e - 23)`` with a 24-bit ``sig``. The fp8 quantum at
     exponent ``e`` is ``2**(max(e, FP8_MIN_EXP) - FP8_MANT)`` (subnormals share
     the smallest normal's), so ``n = sig >> k`` counts quanta, rounded on the
@@ -52,6 +57,7 @@ def fp8_encode(x, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FP8_MAX: tl
     MANT`` plus ``n``: a rounding carry (``n = 2 ** (MANT + 1)``) moves into the
     exponent by itself, and a subnormal's ``n`` is its mantissa.
     """
+    x = tl.math.div_rn(x.to(tl.float32), scale)
     y = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)  # saturate (infinities too)
     u = y.to(tl.int32, bitcast=True)
     sign = (u >> 31) & 1

@@ -24,11 +24,11 @@ from backend_gpu.kernels._checks import (
     check_cache_pair,
     check_device,
     check_last_dim_dense,
-    check_slot_range,
     check_tensor,
-    next_pow2,
+    check_write_slots,
 )
-from backend_gpu.kernels._fp8 import as_bytes, fp8_constexprs, fp8_encode
+from backend_gpu.kernels._fp8 import as_bytes, fp8_constexprs, fp8_quantize
+from backend_gpu.kernels.plan import write_tile
 from backend_gpu.kernels.target import launch_target
 from spec.errors import InvalidRequestError
 from spec.validate import check_scale
@@ -38,26 +38,11 @@ from spec.validate import check_scale
 # otherwise compile once for counts divisible by 16, once for others, once for a single token).
 @triton.jit(do_not_specialize=["num_tokens"])  # type: ignore[untyped-decorator]
 def _kv_write_kernel(  # type: ignore[no-untyped-def]
-    key_ptr,
-    value_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    num_tokens,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    k_scale,
-    v_scale,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    ROW_PAD: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    FP8_MANT: tl.constexpr,
-    FP8_MIN_EXP: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-):
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_tokens,
+    stride_kt, stride_kh, stride_vt, stride_vh, k_scale, v_scale,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
     """One program writes ``BLOCK_T`` tokens; each token's row is ``H_kv * D`` wide.
 
     ``FP8_MANT > 0``: the cache is fp8 bytes, and each value is quantized first.
@@ -78,10 +63,8 @@ def _kv_write_kernel(  # type: ignore[no-untyped-def]
     k = tl.load(src_k, mask=mask)
     v = tl.load(src_v, mask=mask)
     if FP8_MANT:
-        # div_rn: div.rn.f32 on every Triton (3.6 compiles tl.fdiv(ieee_rounding=True) to the
-        # approximate div.full.f32); tests/test_backend_ptx.py reads it in the PTX.
-        k = fp8_encode(tl.math.div_rn(k.to(tl.float32), k_scale), FP8_MANT, FP8_MIN_EXP, FP8_MAX)
-        v = fp8_encode(tl.math.div_rn(v.to(tl.float32), v_scale), FP8_MANT, FP8_MIN_EXP, FP8_MAX)
+        k = fp8_quantize(k, k_scale, FP8_MANT, FP8_MIN_EXP, FP8_MAX)
+        v = fp8_quantize(v, v_scale, FP8_MANT, FP8_MIN_EXP, FP8_MAX)
     tl.store(k_cache_ptr + dst, k, mask=mask)
     tl.store(v_cache_ptr + dst, v, mask=mask)
 
@@ -119,40 +102,14 @@ def reshape_and_cache(
                 f"{name} has shape {tuple(x.shape)}, expected [>= {n}, {num_kv_heads}, {head_dim}]"
             )
         check_last_dim_dense(name, x)
-    check_device(
-        k_cache.device,
-        ("key", key),
-        ("value", value),
-        ("v_cache", v_cache),
-        ("slot_mapping", slots),
-    )
-    if not slots.is_contiguous():
-        raise InvalidRequestError("slot_mapping must be contiguous")
-    if check_slots and n:
-        check_slot_range(slots, num_blocks * block_size)
+    named = {"key": key, "value": value, "v_cache": v_cache, "slot_mapping": slots}
+    check_device(k_cache.device, *named.items())
+    check_write_slots(slots, num_blocks * block_size, check_slots)
     if n == 0:
         return
-    row_pad = next_pow2(num_kv_heads * head_dim)
-    # A GPU's plan: about 4K elements per program; the interpreter's own: few fat programs. The
-    # tile does not follow the token count, which would make a kernel per power of two.
-    target = 4096 if launch_target(k_cache.device).gpu else 1 << 16
-    block_t = max(1, target // row_pad)
-    grid = (triton.cdiv(n, block_t),)
-    _kv_write_kernel[grid](
-        key,
-        value,
-        as_bytes(k_cache),
-        as_bytes(v_cache),
-        slots,
-        n,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        *scales,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        ROW_PAD=row_pad,
-        BLOCK_T=block_t,
-        **fp8,
-    )
+    row_pad, block_t = write_tile(num_kv_heads * head_dim, launch_target(k_cache.device))
+    _kv_write_kernel[(triton.cdiv(n, block_t),)](
+        key, value, as_bytes(k_cache), as_bytes(v_cache), slots, n, key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), *scales, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        ROW_PAD=row_pad, BLOCK_T=block_t, **fp8,
+    )  # fmt: skip

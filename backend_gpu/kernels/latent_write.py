@@ -22,11 +22,11 @@ from backend_gpu.kernels._checks import (
     check_contiguous,
     check_device,
     check_last_dim_dense,
-    check_slot_range,
     check_tensor,
-    next_pow2,
+    check_write_slots,
 )
-from backend_gpu.kernels._fp8 import as_bytes, fp8_constexprs, fp8_encode
+from backend_gpu.kernels._fp8 import as_bytes, fp8_constexprs, fp8_quantize
+from backend_gpu.kernels.plan import write_tile
 from backend_gpu.kernels.target import launch_target
 from spec.errors import InvalidRequestError
 from spec.validate import check_scale
@@ -35,22 +35,10 @@ from spec.validate import check_scale
 # The token count varies with every write: not a specialisation to compile (as in .kv_write).
 @triton.jit(do_not_specialize=["num_tokens"])  # type: ignore[untyped-decorator]
 def _latent_write_kernel(  # type: ignore[no-untyped-def]
-    c_kv_ptr,
-    k_rope_ptr,
-    cache_ptr,
-    slot_ptr,
-    num_tokens,
-    stride_ct,
-    stride_rt,
-    scale,
-    LATENT: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROW_PAD: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    FP8_MANT: tl.constexpr,
-    FP8_MIN_EXP: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-):
+    c_kv_ptr, k_rope_ptr, cache_ptr, slot_ptr, num_tokens, stride_ct, stride_rt, scale,
+    LATENT: tl.constexpr, ROPE: tl.constexpr, ROW_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+    FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
     """One program writes ``BLOCK_T`` tokens' rows: column ``j`` is ``c_kv[j]`` below
     ``LATENT``, ``k_rope[j - LATENT]`` from there to ``LATENT + ROPE``."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -66,7 +54,7 @@ def _latent_write_kernel(  # type: ignore[no-untyped-def]
     r = tl.load(k_rope_ptr + tok64 * stride_rt + rope_col, mask=keep & is_rope, other=0)
     x = tl.where(is_latent, c, r)
     if FP8_MANT:
-        x = fp8_encode(tl.math.div_rn(x.to(tl.float32), scale), FP8_MANT, FP8_MIN_EXP, FP8_MAX)
+        x = fp8_quantize(x, scale, FP8_MANT, FP8_MIN_EXP, FP8_MAX)
     dst = cache_ptr + slot[:, None] * (LATENT + ROPE) + col
     tl.store(dst, x, mask=keep & (col < LATENT + ROPE))
 
@@ -110,17 +98,10 @@ def write_latent(
             f"the cache's rows {width}"
         )
     check_device(cache.device, ("c_kv", c_kv), ("k_rope", k_rope), ("slot_mapping", slots))
-    if not slots.is_contiguous():
-        raise InvalidRequestError("slot_mapping must be contiguous")
-    if check_slots and n:
-        check_slot_range(slots, num_blocks * block_size)
+    check_write_slots(slots, num_blocks * block_size, check_slots)
     if n == 0:
         return
-    row_pad = next_pow2(width)
-    # A GPU's plan: about 4K elements per program; the interpreter's own: few fat programs. The
-    # tile does not follow the token count, which would make a kernel per power of two.
-    per_program = 4096 if launch_target(cache.device).gpu else 1 << 16
-    block_t = max(1, per_program // row_pad)
+    row_pad, block_t = write_tile(width, launch_target(cache.device))
     _latent_write_kernel[(triton.cdiv(n, block_t),)](
         parts[0], parts[1], as_bytes(cache), slots, n, parts[0].stride(0), parts[1].stride(0),
         scale, LATENT=latent, ROPE=rope, ROW_PAD=row_pad, BLOCK_T=block_t, **fp8,

@@ -102,8 +102,8 @@ class MergeWithoutRunningMax(_KernelBug):
 
     mutation = Mutation(
         _ATTENTION,
-        'lse = tl.where(l_i > 0.0, m_i + tl.log2(safe_l), float("-inf"))',
-        'lse = tl.where(l_i > 0.0, tl.log2(safe_l), float("-inf"))',
+        "acc, m_i, l_i, v_scale,",
+        "acc, tl.zeros_like(m_i), l_i, v_scale,",
     )
     entry = ("_paged_attention", "paged_attention")
     selftest_passes = ("feature",)
