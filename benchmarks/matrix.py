@@ -203,10 +203,10 @@ def row(run: Run, report: Mapping[str, Any], source: str, known: Mapping[str, st
     causes = report.get("causes") or []
     failures = report.get("failures") or []
     if failures:
-        lines.append(f"* distinct failures: {report.get('distinct_failures', len(causes))}")
+        lines.append(f"* distinct causes: {report.get('distinct_failures', len(causes))}")
     for cause in causes:
         name = str(cause.get("cause"))
-        passes = ", ".join(cause.get("passes") or [])
+        passes = "; ".join(cause.get("passes") or [])  # a pass's name may hold a comma
         lines.append(f"  * cause: {name} (passes: {passes})")
         first = next((f for f in failures if f.get("cause") == name), None)
         summary = "" if first is None else str(first.get("summary", "")).splitlines()[0]
@@ -240,7 +240,7 @@ def page(
         "",
         *(f"* {line}" for line in machine_lines),
         "",
-        "| adapter | verdict | distinct failures |",
+        "| adapter | verdict | distinct causes |",
         "|---|---|---|",
     ]
     for run, report in runs:

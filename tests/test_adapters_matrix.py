@@ -52,7 +52,7 @@ def test_a_page_lists_each_cause_with_the_adapters_line_for_it() -> None:
     assert "block sizes 16, 32, ..., 1024 (every 16); head dims 32..512" in text
     assert "products tf32; table width 256; decode split undeclared" in text
     assert "* verdict: **FAILED** (22 examples, 76 s)" in text
-    assert "  * cause: the ALiBi origin (passes: feature (alibi), short)" in text
+    assert "  * cause: the ALiBi origin (passes: feature (alibi); short)" in text
     assert "    * first: output differs\n" in text
     assert "`apply_alibi_to_score`" in text  # vllm_unified.EXPLAINED's line
     assert "  * cause: something new (passes: long)\n    * first: K differs at step 3\n" in text

@@ -124,6 +124,16 @@ def test_nan_from_unowned_memory_is_one_cause_and_the_pass_goes_on_with_finite_p
     assert "the output is not finite where the reference is" in text_report(result)
 
 
+def test_reads_of_unowned_slots_are_one_cause_whatever_poison_each_pass_drew() -> None:
+    result = run_suite(
+        MasksByZeroWeight(), "x", run_seed=SEED, database=None,
+        control=RunControl(shrink=False), passes=("short", "wide", "long"),
+    )  # fmt: skip
+    assert len(result.failures) == 3 and all(f.isolated for f in result.failures)
+    assert len(by_cause(result.failures)) == 1, [f.cause for f in result.failures]
+    assert "FAILURES: 1 distinct cause, in 3 failing passes" in text_report(result)
+
+
 def test_finite_poison_is_a_declared_choice_and_the_verdict_says_so() -> None:
     result = run_suite(
         MasksByZeroWeight(), "x", run_seed=SEED, database=None,

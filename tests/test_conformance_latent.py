@@ -261,7 +261,7 @@ def test_the_device_contract_names_the_latent_part_of_a_wrong_read() -> None:
 def test_a_latent_failure_is_excluded_by_its_layout_and_the_latent_passes_then_draw_nothing() -> (
     None
 ):
-    cause = from_replays([("layout", "latent")], None)  # it passed as per-head K and V
+    cause = from_replays([("layout", "latent")])  # it passed as per-head K and V
     assert cause.describe() == "the latent layout (the workload passes without it)"
     caps = excluding(LATENT_CAPS, [cause])
     assert caps.unsupported(latent_config().geometry, 4)

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from backend_gpu.torch_backend import TorchBackend
 from conformance.judges.dtypes import round_to
-from conformance.judges.numerics import ExampleMeter, output_errors, same_precision, ulp
+from conformance.judges.numerics import (
+    BIAS_LIMIT_ULPS,
+    ExampleErrors,
+    ExampleMeter,
+    output_errors,
+    same_precision,
+    ulp,
+)
 from conformance.lockstep.driver import ConformanceFailure, Lockstep
 from conformance.lockstep.numpy_backend import F32, NumpyPagedBackend
 from conformance.lockstep.workload import WorkloadConfig, geometry_for, large_pool_base, scale_for
@@ -222,3 +229,20 @@ def test_a_stray_write_into_a_large_pool_is_found_by_the_sweep_and_the_end() -> 
         database=None, max_examples=3, passes=("wide",), shrink=False,
     )  # fmt: skip
     assert result.difference is not None and result.difference.what == "K"
+
+
+_LEANS = st.floats(-8.0, 8.0, allow_nan=False)
+
+
+@given(reference=_LEANS, share=st.floats(0.0, 1.0), beyond=st.floats(0.0, 4.0))
+def test_a_lean_between_none_and_the_references_passes_and_beyond_it_is_measured_from_its_edge(
+    reference: float, share: float, beyond: float
+) -> None:
+    """The declared precision is what a kernel may do: a TF32 kernel computing one path in
+    full float32 leans less than its reference, and is not biased for it."""
+    inside = share * reference  # between exact arithmetic (0) and the reference's own lean
+    away = -1.0 if reference > 0 else 1.0  # the side of 0 away from the reference
+    for lean, want in ((inside, 0.0), (reference - away * beyond, beyond), (away * beyond, beyond)):
+        e = ExampleErrors("float32", 1.0, 1.0, lean, lean, 600, reference, reference)
+        assert e.lean == pytest.approx(want, abs=1e-9), (lean, reference)
+        assert e.unbiased == (e.lean <= BIAS_LIMIT_ULPS["float32"])

@@ -28,11 +28,12 @@ the constants below measured on the project's correct backends:
    averaged error is stable where a maximum is not, so it sees a kernel that
    is a little worse everywhere (fp16 accumulation).
 3. **Each example, bias**: the mean error in ulps, signed and in the
-   direction of ``|expected|``, is within ``BIAS_LIMIT_ULPS`` of the
-   same-precision reference's (zero for an honest rounding; a kernel that
-   declares TF32 products leans as its reference does, toward zero). An
-   honest kernel's rounding errors average out; truncation toward zero, at
-   most one ulp per output and so inside check 1, averages half an ulp.
+   direction of ``|expected|``, is within ``BIAS_LIMIT_ULPS`` of the span
+   from no lean to the same-precision reference's (zero for an honest
+   rounding; a kernel that declares TF32 products may lean as its reference
+   does, toward zero, or less). An honest kernel's rounding errors average
+   out; truncation toward zero, at most one ulp per output and so inside
+   check 1, averages half an ulp.
 
 >>> exact = np.array([0.3, -0.7, 1.1])
 >>> ulp(exact, "float16").tolist()            # spacing of fp16 numbers at each value
@@ -414,10 +415,21 @@ class ExampleErrors:
 
     @property
     def lean(self) -> float:
-        """How far the backend's mean error leans beyond the reference's own lean, in ulps."""
+        """How far the backend's mean error leans beyond the reference's own lean, in ulps.
+
+        The declared precision is what a kernel may do, not what it must: a lean between
+        none (exact arithmetic) and the reference's own is no lean at all. A kernel that
+        rounds its products to TF32 on one path and not on another leans less there.
+
+        >>> e = ExampleErrors("float32", 1.0, 1.0, -0.1, -0.1, 600, -3.0, -3.0)
+        >>> e.lean, replace(e, mean_signed_ulps=-4.5, mean_outward_ulps=-4.5).lean
+        (0.0, 1.5)
+        >>> replace(e, mean_signed_ulps=+2.0, mean_outward_ulps=+2.0).lean
+        2.0
+        """
         return max(
-            abs(self.mean_signed_ulps - self.reference_signed_ulps),
-            abs(self.mean_outward_ulps - self.reference_outward_ulps),
+            _beyond(self.mean_signed_ulps, self.reference_signed_ulps),
+            _beyond(self.mean_outward_ulps, self.reference_outward_ulps),
         )
 
     @property
@@ -451,6 +463,11 @@ class ExampleErrors:
                 f"{BIAS_LIMIT_ULPS[self.dtype]} ulp beyond it"
             )
         return "; ".join(what) + f" (over the {self.count} {self.dtype} outputs of this example)"
+
+
+def _beyond(lean: float, reference: float) -> float:
+    """How far ``lean`` lies outside the span from 0 to ``reference``."""
+    return max(min(0.0, reference) - lean, lean - max(0.0, reference), 0.0)
 
 
 class ExampleMeter:

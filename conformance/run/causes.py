@@ -131,23 +131,32 @@ def for_mistake(name: str, products: str, geometry: KVGeometry, m: Mistake | Non
     return Cause(name, "mistake")
 
 
-def from_replays(passing: Sequence[Condition], poison: str | None) -> Cause:
+def from_replays(passing: Sequence[Condition]) -> Cause:
     """The cause that replays isolated: the workload passed without each of ``passing``
     (``("poison", ...)`` among them: it passed with finite values in the slots no token owns;
-    ``("pool", "large")``: it passed in a small pool)."""
+    ``("pool", "large")``: it passed in a small pool).
+
+    The name says only what the replays saw, never the example's draw (which poison it
+    held), so one kernel's reads of such slots are one cause however they show:
+
+    >>> cause = from_replays([("poison", "finite")])
+    >>> cause.name.split(" (")[0], cause.finite_poison
+    ('reads slots no token owns', True)
+    """
     if any(axis == "pool" for axis, _ in passing):
         return LARGE_POOL
     if any(axis == "poison" for axis, _ in passing):
-        return Cause(
-            f"reads slots no token owns (the output is {poison or 'non-finite'} where they hold "
-            "NaN or infinities; the workload passes when they hold finite values)",
-            "replay",
-            finite_poison=True,
-        )
+        return READS_UNOWNED
     named = " with ".join(_WORDS[axis].format(value) for axis, value in passing)
     return Cause(f"{named} (the workload passes without it)", "replay", tuple(passing))
 
 
+READS_UNOWNED = Cause(
+    "reads slots no token owns (the workload fails while they hold NaN or infinities, and "
+    "passes when they hold finite values)",
+    "replay",
+    finite_poison=True,
+)
 UNISOLATED = Cause(
     "not isolated (no named mistake reproduces it, and the workload still fails without each "
     "one of its features)",

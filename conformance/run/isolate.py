@@ -54,7 +54,7 @@ def find_cause(
         for condition, changed in candidates(config, difference.layer, caps)
         if passes(backend, log, changed, bounds_mode, oracle)
     ]
-    return from_replays(passing, config.poison) if passing else UNISOLATED
+    return from_replays(passing) if passing else UNISOLATED
 
 
 _BOUNDS = re.compile(
