@@ -13,7 +13,7 @@ with the suite's default poison and with ``--poison finite``.
 Every line of the page comes from the run that wrote it (its JSON reports,
 kept beside the page with ``--reports DIR``); ``--from-reports DIR`` writes the
 page again from such reports without running. The page names the machine
-(platform, CPU, GPU, Python, torch and Triton) and the date.
+(platform, CPU, GPU, Python, torch and Triton) and the date the run ended.
 """
 
 from __future__ import annotations
@@ -252,6 +252,12 @@ def page(
     return "\n".join(lines)
 
 
+def _run_date(reports: Sequence[Path]) -> dt.datetime:
+    """When the run the page reports ended: its last report's time (``--from-reports`` writes
+    the page later, but dates it by the run)."""
+    return dt.datetime.fromtimestamp(max(path.stat().st_mtime for path in reports), dt.UTC)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.matrix", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("docs/matrix.md"))
@@ -276,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"no report {path}: run without --from-reports first")
         results.append((run, json.loads(path.read_text())))
     sources = {run.adapter: release(run.adapter) for run in chosen}
-    now = dt.datetime.now(dt.UTC)
+    now = _run_date([args.reports / run.file for run in chosen])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_output(args.out, page(results, sources, machine(), now, args.profile, args.seed) + "\n")
     print(f"wrote {args.out}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,9 @@ def test_the_page_is_written_again_from_kept_reports(
     reports.mkdir()
     for run in matrix.RUNS:
         (reports / run.file).write_text(json.dumps(FAILED if run.adapter != "flex" else {}))
+    ended = 1_800_000_000  # 2027-01-15 08:00 UTC: the run's last report, not the writing
+    for i, run in enumerate(matrix.RUNS):
+        os.utime(reports / run.file, (ended - i * 600, ended - i * 600))
     monkeypatch.setattr(matrix, "release", lambda adapter: f"{adapter} release")
     out = tmp_path / "matrix.md"
     args = ["--out", str(out), "--reports", str(reports), "--from-reports"]
@@ -74,6 +78,7 @@ def test_the_page_is_written_again_from_kept_reports(
     assert "| flex --poison finite | no verdict | 0 |" in text
     assert text.count("* release: vllm-mla release") == 1
     assert "platform: " in text and "Python " in text
+    assert "on 2027-01-15 08:00 UTC, profile `quick`" in text
     with pytest.raises(SystemExit):
         matrix.main([*args[:2], "--reports", str(tmp_path / "none"), "--from-reports"])
 

@@ -93,6 +93,12 @@ EXPLAINED = {
         "`q_k = q.to(K_Buffer.dtype.element_ty)`, `tl.dot(p.to(v.dtype), v)` "
         "(`_fwd_grouped_kernel_stage1`)"
     ),
+    "fp8_e4m3": (
+        "the same casts of Q and P to fp8 (`_fwd_grouped_kernel_stage1`), on paths where the "
+        "named mistake, which rounds P against one softmax max, rounds otherwise than the kernel: "
+        "it rounds `p = tl.exp(qk - n_e_max[:, None])` against each split's running max, and "
+        "adds a sink only when it merges the splits (`_fwd_kernel_stage2`)"
+    ),
     "fp8_e5m2|k differs": (
         "the write divides by the scale in the activation dtype, `cache_k.div_(k_scale)` "
         "(float16 overflows for a small scale), then casts with torch, `cache_k.to(self.dtype)`, "
