@@ -19,10 +19,12 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from conformance.adapters._fetch import Release, verified_files
 from conformance.errors import SetupError
 
 STANDIN = "__paged_spec_standin__"
@@ -104,3 +106,19 @@ def import_installed(name: str, package_name: str) -> ModuleType:
         raise SetupError(
             f"importing {name} from the installed {package_name} raised {type(err).__name__}: {err}"
         ) from err
+
+
+def load_release(release: Release, standins: Callable[[], None]) -> tuple[list[ModuleType], str]:
+    """``release``'s kernel modules, in the order of its files, and where they came from: the
+    installed package's, else the pinned files' (verified, beside ``standins()``)."""
+    names = [p.removesuffix(".py").replace("/", ".") for p in release.files]
+    version = installed_version(release.package)
+    if version is not None:
+        modules = [import_installed(name, release.package) for name in names]
+        return modules, (
+            f"{release.package} {version}, installed (declarations read from {release.name})"
+        )
+    root = verified_files(release)
+    standins()
+    modules = [load_file(n, root / p) for n, p in zip(names, release.files, strict=True)]
+    return modules, f"{release.name}, kernel files from its wheel (sha256 verified)"

@@ -40,11 +40,9 @@ import backend_gpu  # noqa: F401
 import torch
 import triton  # noqa: F401  (missing: a setup error naming paged-spec[gpu], before any fetch)
 
-from conformance.adapters._fetch import Release, verified_files
+from conformance.adapters._fetch import Release
 from conformance.adapters._load import (
-    import_installed,
-    installed_version,
-    load_file,
+    load_release,
     package,
     standin,
 )
@@ -100,16 +98,7 @@ class SglangKernels:
 @functools.cache
 def sglang_kernels() -> SglangKernels:
     """SGLang's kernel modules: the installed package's, else the pinned files' (verified)."""
-    names = [p.removesuffix(".py").replace("/", ".") for p in SGLANG.files]
-    version = installed_version("sglang")
-    if version is not None:
-        modules = [import_installed(name, "sglang") for name in names]
-        source = f"sglang {version}, installed (declarations read from {SGLANG.name})"
-    else:
-        root = verified_files(SGLANG)
-        _standins()
-        modules = [load_file(n, root / p) for n, p in zip(names, SGLANG.files, strict=True)]
-        source = f"{SGLANG.name}, kernel files from its wheel (sha256 verified)"
+    modules, source = load_release(SGLANG, _standins)
     return SglangKernels(modules[1], modules[2], modules[3], source)
 
 

@@ -32,11 +32,10 @@ import backend_gpu  # noqa: F401
 import torch
 import triton
 
-from conformance.adapters._fetch import Release, verified_files
+from conformance.adapters._fetch import Release
 from conformance.adapters._load import (
-    import_installed,
     installed_version,
-    load_file,
+    load_release,
     package,
     standin,
 )
@@ -94,16 +93,7 @@ class VllmKernels:
 @functools.cache
 def vllm_kernels() -> VllmKernels:
     """vLLM's kernel modules: the installed package's, else the pinned files' (verified)."""
-    names = [p.removesuffix(".py").replace("/", ".") for p in VLLM.files]
-    version = installed_version("vllm")
-    if version is not None:
-        modules = [import_installed(name, "vllm") for name in names]
-        source = f"vllm {version}, installed (declarations read from {VLLM.name})"
-    else:
-        root = verified_files(VLLM)
-        _standins()
-        modules = [load_file(n, root / p) for n, p in zip(names, VLLM.files, strict=True)]
-        source = f"{VLLM.name}, kernel files from its wheel (sha256 verified)"
+    modules, source = load_release(VLLM, _standins)
     _, unified, reshape, decode = modules
     return VllmKernels(unified, reshape, decode, source)
 

@@ -406,11 +406,7 @@ class _Launcher:
         """An eager softmax over several tiles: each row's maximum, then its sum, then ``P @ V``
         with the normalised probabilities rounded (``"normalised"`` products)."""
         t = self.t
-        top = None
-        for j in range(num_tiles):
-            tile_max = self._scores(ctx, j)[0].amax(dim=-1, keepdim=True)
-            top = tile_max if top is None else t.maximum(top, tile_max)
-        top = self._top(top)
+        top = self._row_max(ctx, num_tiles)
         total = t.zeros_like(top)
         for j in range(num_tiles):
             total += self._scores(ctx, j)[0].sub_(top).exp_().sum(dim=-1, keepdim=True)
@@ -423,14 +419,18 @@ class _Launcher:
             acc = part if acc is None else acc.add_(part)
         return acc
 
-    def _two_passes(self, ctx: _Tile, num_tiles: int) -> Any:
-        """Pass 1: each row's maximum over every tile and the sink; pass 2: exp, sums, ``P @ V``."""
-        t = self.t
+    def _row_max(self, ctx: _Tile, num_tiles: int) -> Any:
+        """Each row's maximum score over every tile (and the sink: :meth:`_top`)."""
         top = None
         for j in range(num_tiles):
             tile_max = self._scores(ctx, j)[0].amax(dim=-1, keepdim=True)
-            top = tile_max if top is None else t.maximum(top, tile_max)
-        top = self._top(top)
+            top = tile_max if top is None else self.t.maximum(top, tile_max)
+        return self._top(top)
+
+    def _two_passes(self, ctx: _Tile, num_tiles: int) -> Any:
+        """Pass 1: each row's maximum over every tile and the sink; pass 2: exp, sums, ``P @ V``."""
+        t = self.t
+        top = self._row_max(ctx, num_tiles)
         total, acc = t.zeros_like(top), None
         for j in range(num_tiles):
             scores, kpos, valid = self._scores(ctx, j)
